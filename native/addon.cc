@@ -1,0 +1,169 @@
+// Module registration, errno errors, per-environment state and cleanup, the
+// kernel probe, flock and close.
+#include "common.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+
+#include <cstring>
+
+namespace custody {
+
+AddonData* GetData(const Napi::Env& env) { return env.GetInstanceData<AddonData>(); }
+
+Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall) {
+  // uv_err_name maps -errno to the symbolic name Node itself uses ("ESRCH").
+  const char* code = uv_err_name(-err);
+  std::string message = std::string(syscall) + " " + code + " (" + strerror(err) + ")";
+  Napi::Error error = Napi::Error::New(env, message);
+  error.Set("code", Napi::String::New(env, code));
+  error.Set("errno", Napi::Number::New(env, -err));
+  error.Set("syscall", Napi::String::New(env, syscall));
+  return error;
+}
+
+void ThrowErrno(const Napi::Env& env, int err, const char* syscall) {
+  throw ErrnoError(env, err, syscall);
+}
+
+int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name) {
+  // The TypeScript layer validates; this guard only keeps a wrong call from
+  // reaching the kernel with a garbage value.
+  if (info.Length() <= i || !info[i].IsNumber()) {
+    throw Napi::TypeError::New(info.Env(), std::string(name) + " must be a number");
+  }
+  return info[i].As<Napi::Number>().Int32Value();
+}
+
+namespace {
+
+// close(2). Closing a pidfd we track also forgets it. EINTR is not retried:
+// on Linux the fd is released even when close reports EINTR.
+Napi::Value CloseFd(const Napi::CallbackInfo& info) {
+  int fd = ArgInt(info, 0, "fd");
+  AddonData* data = GetData(info.Env());
+  data->pidfds.erase(fd);
+  if (close(fd) == -1 && errno != EINTR) ThrowErrno(info.Env(), errno, "close");
+  return info.Env().Undefined();
+}
+
+// flock(2) on an fd JavaScript opened (fs.openSync): the state dir's lock.
+// LOCK_NB comes from the caller; EWOULDBLOCK says another holder has it.
+Napi::Value Flock(const Napi::CallbackInfo& info) {
+  int fd = ArgInt(info, 0, "fd");
+  int op = ArgInt(info, 1, "operation");
+  if (CUSTODY_RETRY_EINTR(flock(fd, op)) == -1) ThrowErrno(info.Env(), errno, "flock");
+  return info.Env().Undefined();
+}
+
+// pipe2(O_CLOEXEC) -> [readFd, writeFd]: stdio pipes for spawn. Both ends
+// are close-on-exec; spawn dup2()s the child's end onto 0..2.
+Napi::Value Pipe(const Napi::CallbackInfo& info) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) == -1) ThrowErrno(info.Env(), errno, "pipe2");
+  Napi::Array out = Napi::Array::New(info.Env(), 2);
+  out.Set(0u, fds[0]);
+  out.Set(1u, fds[1]);
+  return out;
+}
+
+// prctl(PR_SET_CHILD_SUBREAPER) (Linux 3.4): orphans of our descendants are
+// re-parented to us instead of init, so a double-forking daemon stays visible.
+Napi::Value SetChildSubreaper(const Napi::CallbackInfo& info) {
+  int on = info.Length() > 0 && info[0].ToBoolean().Value() ? 1 : 0;
+  if (prctl(PR_SET_CHILD_SUBREAPER, on, 0, 0, 0) == -1) ThrowErrno(info.Env(), errno, "prctl");
+  return info.Env().Undefined();
+}
+
+Napi::Value GetChildSubreaper(const Napi::CallbackInfo& info) {
+  int on = 0;
+  if (prctl(PR_GET_CHILD_SUBREAPER, &on, 0, 0, 0) == -1) ThrowErrno(info.Env(), errno, "prctl");
+  return Napi::Boolean::New(info.Env(), on != 0);
+}
+
+// Reports what this kernel offers, as errno names ("" when the call works),
+// in the spirit of Go's checkPidfd. The TypeScript layer turns these facts
+// into capabilities; nothing here decides what they mean.
+Napi::Value Probe(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object out = Napi::Object::New(env);
+  auto name = [](int err) { return err == 0 ? "" : uv_err_name(-err); };
+
+  struct utsname uts;
+  if (uname(&uts) == 0) out.Set("release", std::string(uts.release));
+
+  // pidfd_open(self) (Linux 5.3).
+  int fd = static_cast<int>(syscall(__NR_pidfd_open, getpid(), 0));
+  out.Set("pidfdOpen", name(fd == -1 ? errno : 0));
+  if (fd >= 0) {
+    // Signal 0 through the pidfd checks pidfd_send_signal (Linux 5.1).
+    int rc = static_cast<int>(syscall(__NR_pidfd_send_signal, fd, 0, nullptr, 0));
+    out.Set("pidfdSendSignal", name(rc == -1 ? errno : 0));
+    // waitid(P_PIDFD) on ourselves must fail with ECHILD where it exists
+    // (Linux 5.4); EINVAL means the idtype is unknown.
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    rc = waitid(kPidfdIdtype, fd, &si, WEXITED | WNOHANG);
+    out.Set("waitidPidfd", name(rc == -1 && errno == ECHILD ? 0 : (rc == -1 ? errno : EINVAL)));
+    close(fd);
+  } else {
+    out.Set("pidfdSendSignal", name(ENOSYS));
+    out.Set("waitidPidfd", name(ENOSYS));
+  }
+  // close_range (Linux 5.9) on an empty range is a harmless probe.
+  int rc = static_cast<int>(syscall(__NR_close_range, ~0U, ~0U, 0));
+  out.Set("closeRange", name(rc == -1 ? errno : 0));
+  return out;
+}
+
+void Cleanup(void* arg) {
+  auto* data = static_cast<AddonData*>(arg);
+  CleanupWatchers(data);
+  for (int fd : data->pidfds) close(fd);
+  data->pidfds.clear();
+}
+
+}  // namespace
+
+Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
+  auto* data = new AddonData();
+  // The loop of this environment, never uv_default_loop(): workers have their own.
+  if (napi_get_uv_event_loop(env, &data->loop) != napi_ok) {
+    delete data;
+    throw Napi::Error::New(env, "napi_get_uv_event_loop failed");
+  }
+  env.SetInstanceData<AddonData>(data);  // deleted by N-API after cleanup hooks
+  napi_add_env_cleanup_hook(env, Cleanup, data);
+
+  exports.Set("close", Napi::Function::New(env, CloseFd, "close"));
+  exports.Set("flock", Napi::Function::New(env, Flock, "flock"));
+  exports.Set("pipe", Napi::Function::New(env, Pipe, "pipe"));
+  exports.Set("setChildSubreaper", Napi::Function::New(env, SetChildSubreaper, "setChildSubreaper"));
+  exports.Set("getChildSubreaper", Napi::Function::New(env, GetChildSubreaper, "getChildSubreaper"));
+  exports.Set("probe", Napi::Function::New(env, Probe, "probe"));
+
+  Napi::Object constants = Napi::Object::New(env);
+  constants.Set("LOCK_EX", LOCK_EX);
+  constants.Set("LOCK_SH", LOCK_SH);
+  constants.Set("LOCK_UN", LOCK_UN);
+  constants.Set("LOCK_NB", LOCK_NB);
+  constants.Set("WEXITED", WEXITED);
+  constants.Set("WNOHANG", WNOHANG);
+  constants.Set("WNOWAIT", WNOWAIT);
+  exports.Set("constants", constants);
+
+  InitPidfd(env, exports);
+  InitProc(env, exports);
+  InitSpawn(env, exports);
+  return exports;
+}
+
+}  // namespace custody
+
+static Napi::Object Init(Napi::Env env, Napi::Object exports) { return custody::InitAddon(env, exports); }
+
+NODE_API_MODULE(custody, Init)

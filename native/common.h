@@ -1,0 +1,87 @@
+// Shared plumbing for the custody addon: errno errors shaped like Node's,
+// per-environment state, and the kernel constants older libc headers lack.
+//
+// The addon is a thin syscall layer. It decides nothing: every function does
+// one kernel operation (or one fixed race-free sequence of them) and returns
+// plain values or throws an Error with `code`, `errno` and `syscall`.
+#pragma once
+
+#include <napi.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+// Syscall numbers are stable per architecture; define them when the build
+// machine's headers predate the call so a prebuild still carries them.
+#ifndef __NR_pidfd_open
+#define __NR_pidfd_open 434  // Linux 5.3
+#endif
+#ifndef __NR_pidfd_send_signal
+#define __NR_pidfd_send_signal 424  // Linux 5.1
+#endif
+#ifndef __NR_close_range
+#define __NR_close_range 436  // Linux 5.9
+#endif
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000  // Linux 5.2
+#endif
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
+#ifndef PIDFS_MAGIC
+#define PIDFS_MAGIC 0x50494446  // pidfds live on pidfs since Linux 6.9
+#endif
+
+namespace custody {
+
+// waitid's P_PIDFD idtype (Linux 5.4); glibc only names it since 2.36.
+constexpr idtype_t kPidfdIdtype = static_cast<idtype_t>(3);
+
+// Retries a syscall-like expression while it fails with EINTR (libuv does the
+// same around waitpid): a signal arriving mid-call is not a failure.
+#define CUSTODY_RETRY_EINTR(expr)              \
+  ({                                           \
+    long custody_rc_;                          \
+    do {                                       \
+      custody_rc_ = static_cast<long>(expr);   \
+    } while (custody_rc_ == -1 && errno == EINTR); \
+    custody_rc_;                               \
+  })
+
+struct ExitWatcher;
+
+// Everything the addon owns for one Node environment (main thread or a
+// worker). No statics: two copies of the addon, or two workers, never share
+// fds or handles.
+struct AddonData {
+  uv_loop_t* loop = nullptr;
+  // Every pidfd handed to JavaScript, so the env cleanup hook can close the
+  // ones JavaScript forgot.
+  std::unordered_set<int> pidfds;
+  std::unordered_map<uint32_t, ExitWatcher*> watchers;
+  uint32_t next_watcher_id = 1;
+};
+
+AddonData* GetData(const Napi::Env& env);
+
+// Builds an Error like Node's ErrnoException: message "syscall CODE (text)",
+// `code` the symbolic name, `errno` negative as in Node, `syscall`.
+Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall);
+[[noreturn]] void ThrowErrno(const Napi::Env& env, int err, const char* syscall);
+
+int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name);
+
+void InitPidfd(Napi::Env env, Napi::Object exports);
+void InitProc(Napi::Env env, Napi::Object exports);
+void InitSpawn(Napi::Env env, Napi::Object exports);
+void CleanupWatchers(AddonData* data);
+
+}  // namespace custody

@@ -1,0 +1,286 @@
+// /proc readers: the stat parser, argv, exe identity, and inspect's
+// race-free sequence (pidfd first, reads, then a liveness re-check).
+#include "common.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace custody {
+
+namespace {
+
+// RAII for a plain fd so every early return closes it.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+// Reads a whole /proc file relative to dirfd. Returns 0 or an errno.
+int ReadAt(int dirfd, const char* name, std::string* out) {
+  int fd = static_cast<int>(CUSTODY_RETRY_EINTR(openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)));
+  if (fd == -1) return errno;
+  Fd guard(fd);
+  out->clear();
+  char buf[4096];
+  for (;;) {
+    ssize_t n = CUSTODY_RETRY_EINTR(read(fd, buf, sizeof buf));
+    if (n == -1) return errno;
+    if (n == 0) return 0;
+    out->append(buf, static_cast<size_t>(n));
+  }
+}
+
+struct Stat {
+  long long pid = 0;
+  std::string comm;
+  char state = '?';
+  long long ppid = 0;
+  long long pgrp = 0;
+  long long session = 0;
+  unsigned long long start_ticks = 0;
+};
+
+// /proc/<pid>/stat: "pid (comm) state ppid pgrp session ... starttime ...".
+// comm is free text (spaces, parentheses, even ") ("), so fields are counted
+// from the LAST ')'. starttime is field 22 (1-based), i.e. the 20th field
+// after comm. Returns false on text that does not have that shape.
+bool ParseStat(const std::string& text, Stat* out) {
+  size_t open = text.find('(');
+  size_t close = text.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return false;
+  char* end = nullptr;
+  out->pid = strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str()) return false;
+  out->comm = text.substr(open + 1, close - open - 1);
+  const char* p = text.c_str() + close + 1;
+  // Fields after comm: 0 state, 1 ppid, 2 pgrp, 3 session, ..., 19 starttime.
+  for (int field = 0; field <= 19; field++) {
+    while (*p == ' ') p++;
+    if (*p == '\0' || *p == '\n') return false;
+    const char* start = p;
+    while (*p != ' ' && *p != '\0' && *p != '\n') p++;
+    switch (field) {
+      case 0:
+        if (p - start != 1) return false;
+        out->state = *start;
+        break;
+      case 1:
+        out->ppid = strtoll(start, nullptr, 10);
+        break;
+      case 2:
+        out->pgrp = strtoll(start, nullptr, 10);
+        break;
+      case 3:
+        out->session = strtoll(start, nullptr, 10);
+        break;
+      case 19:
+        out->start_ticks = strtoull(start, &end, 10);
+        if (end != p) return false;
+        break;
+      default:
+        break;
+    }
+  }
+  return true;
+}
+
+Napi::Object StatToObject(const Napi::Env& env, const Stat& st) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("pid", Napi::Number::New(env, static_cast<double>(st.pid)));
+  o.Set("comm", st.comm);
+  o.Set("state", std::string(1, st.state));
+  o.Set("ppid", Napi::Number::New(env, static_cast<double>(st.ppid)));
+  o.Set("pgrp", Napi::Number::New(env, static_cast<double>(st.pgrp)));
+  o.Set("session", Napi::Number::New(env, static_cast<double>(st.session)));
+  o.Set("startTicks", Napi::Number::New(env, static_cast<double>(st.start_ticks)));
+  return o;
+}
+
+// argv is NUL-separated with a trailing NUL. A process may rewrite its argv
+// area (setproctitle) and leave no trailing NUL; the last piece still counts.
+Napi::Array SplitArgv(const Napi::Env& env, const std::string& raw) {
+  Napi::Array argv = Napi::Array::New(env);
+  uint32_t i = 0;
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t nul = raw.find('\0', start);
+    if (nul == std::string::npos) nul = raw.size();
+    argv.Set(i++, Napi::String::New(env, raw.data() + start, nul - start));
+    start = nul + 1;
+  }
+  return argv;
+}
+
+// The real uid from /proc/<pid>/status ("Uid:\treal\teffective\tsaved\tfs").
+long long ParseStatusUid(const std::string& status) {
+  size_t at = status.find("\nUid:");
+  if (at == std::string::npos) return -1;
+  return strtoll(status.c_str() + at + 5, nullptr, 10);
+}
+
+Napi::Value ParseStatJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) throw Napi::TypeError::New(env, "text must be a string");
+  Stat st;
+  if (!ParseStat(info[0].As<Napi::String>().Utf8Value(), &st)) return env.Null();
+  return StatToObject(env, st);
+}
+
+// inspect(pid, procRoot, keepPidfd) -> { stat, argv, uid, exe, pidfsId, pidfd? }.
+// The race-free sequence: pidfd_open first pins the process we mean; the
+// /proc reads follow; then signal 0 through the pidfd. If the process was
+// reaped meanwhile its pid may belong to someone else by now and the reads
+// may describe that someone: ESRCH, and the reads are discarded. A zombie is
+// not reaped, still owns its pid, and is reported as what it is (state Z).
+Napi::Value Inspect(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int pid = ArgInt(info, 0, "pid");
+  std::string root = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "/proc";
+  // keepPidfd: hand the pinning pidfd to the caller (open() signals through
+  // the very pidfd the identity was verified with).
+  bool keep_pidfd = info.Length() > 2 && info[2].ToBoolean().Value();
+
+  int pidfd = static_cast<int>(syscall(__NR_pidfd_open, pid, 0));
+  if (pidfd == -1) ThrowErrno(env, errno, "pidfd_open");
+  Fd pidfd_guard(pidfd);
+
+  std::string dir = root + "/" + std::to_string(pid);
+  int dirfd = static_cast<int>(CUSTODY_RETRY_EINTR(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+  if (dirfd == -1) ThrowErrno(env, errno, "open");
+  Fd dir_guard(dirfd);
+
+  std::string text;
+  int err = ReadAt(dirfd, "stat", &text);
+  if (err != 0) ThrowErrno(env, err, "read");
+  Stat st;
+  if (!ParseStat(text, &st)) ThrowErrno(env, EPROTO, "read");
+
+  std::string cmdline;
+  err = ReadAt(dirfd, "cmdline", &cmdline);
+  if (err != 0) ThrowErrno(env, err, "read");
+
+  err = ReadAt(dirfd, "status", &text);
+  if (err != 0) ThrowErrno(env, err, "read");
+  long long uid = ParseStatusUid(text);
+
+  // stat() through the exe link names the executable's file, not the link.
+  // Kernel threads have no exe (ENOENT); another user's process may deny it
+  // (EACCES): both give null, and verify treats a null exe as unknown.
+  struct stat exe_st;
+  bool has_exe = fstatat(dirfd, "exe", &exe_st, 0) == 0;
+
+  Napi::Value pidfs_id = env.Null();
+  struct statfs sfs;
+  struct stat pidfd_st;
+  if (fstatfs(pidfd, &sfs) == 0 && static_cast<unsigned long>(sfs.f_type) == PIDFS_MAGIC &&
+      fstat(pidfd, &pidfd_st) == 0) {
+    pidfs_id = Napi::String::New(env, std::to_string(static_cast<unsigned long long>(pidfd_st.st_ino)));
+  }
+
+  // The re-check. EPERM (not ours to signal) still proves it exists.
+  if (syscall(__NR_pidfd_send_signal, pidfd, 0, nullptr, 0) == -1 && errno == ESRCH) {
+    ThrowErrno(env, ESRCH, "pidfd_send_signal");
+  }
+
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("stat", StatToObject(env, st));
+  out.Set("argv", SplitArgv(env, cmdline));
+  out.Set("uid", Napi::Number::New(env, static_cast<double>(uid)));
+  if (has_exe) {
+    Napi::Object exe = Napi::Object::New(env);
+    exe.Set("dev", Napi::Number::New(env, static_cast<double>(exe_st.st_dev)));
+    exe.Set("ino", Napi::Number::New(env, static_cast<double>(exe_st.st_ino)));
+    out.Set("exe", exe);
+  } else {
+    out.Set("exe", env.Null());
+  }
+  out.Set("pidfsId", pidfs_id);
+  if (keep_pidfd) {
+    GetData(env)->pidfds.insert(pidfd);
+    out.Set("pidfd", pidfd);
+    pidfd_guard.fd = -1;
+  }
+  return out;
+}
+
+// /proc/sys/kernel/random/boot_id without the newline.
+Napi::Value ReadBootId(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value()
+                                                             : "/proc/sys/kernel/random/boot_id";
+  int fd = static_cast<int>(CUSTODY_RETRY_EINTR(open(path.c_str(), O_RDONLY | O_CLOEXEC)));
+  if (fd == -1) ThrowErrno(env, errno, "open");
+  Fd guard(fd);
+  char buf[64];
+  ssize_t n = CUSTODY_RETRY_EINTR(read(fd, buf, sizeof buf));
+  if (n == -1) ThrowErrno(env, errno, "read");
+  std::string id(buf, static_cast<size_t>(n));
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return Napi::String::New(env, id);
+}
+
+// listProcesses(procRoot) -> [{ pid, ppid, uid, state, startTicks, argv }]
+// for every numeric entry of /proc, one readdir pass with no pidfds: the scan
+// a sweep starts from. Processes that vanish mid-scan are skipped. Nothing
+// here is proof of identity; callers inspect() a candidate before acting.
+Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
+  DIR* d = opendir(root.c_str());
+  if (d == nullptr) ThrowErrno(env, errno, "opendir");
+  // closedir on every path, including a JavaScript exception mid-loop.
+  std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
+  int rootfd = dirfd(d);
+  Napi::Array out = Napi::Array::New(env);
+  uint32_t n = 0;
+  std::string stat_text;
+  std::string cmdline;
+  std::string status;
+  for (;;) {
+    errno = 0;
+    struct dirent* e = readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) ThrowErrno(env, errno, "readdir");
+      break;
+    }
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+    if (pdir == -1) continue;
+    Fd guard(pdir);
+    Stat st;
+    if (ReadAt(pdir, "stat", &stat_text) != 0 || !ParseStat(stat_text, &st)) continue;
+    if (ReadAt(pdir, "cmdline", &cmdline) != 0) continue;
+    // The owner of /proc/<pid> is the process's effective uid, unless it is
+    // not dumpable (then root); the status read gives the real uid exactly.
+    long long uid = -1;
+    if (ReadAt(pdir, "status", &status) == 0) uid = ParseStatusUid(status);
+    Napi::Object p = StatToObject(env, st);
+    p.Set("uid", Napi::Number::New(env, static_cast<double>(uid)));
+    p.Set("argv", SplitArgv(env, cmdline));
+    out.Set(n++, p);
+  }
+  return out;
+}
+
+}  // namespace
+
+void InitProc(Napi::Env env, Napi::Object exports) {
+  exports.Set("parseStat", Napi::Function::New(env, ParseStatJs, "parseStat"));
+  exports.Set("inspect", Napi::Function::New(env, Inspect, "inspect"));
+  exports.Set("readBootId", Napi::Function::New(env, ReadBootId, "readBootId"));
+  exports.Set("listProcesses", Napi::Function::New(env, ListProcesses, "listProcesses"));
+}
+
+}  // namespace custody

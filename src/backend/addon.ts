@@ -1,0 +1,72 @@
+/**
+ * The addon's shape (native/*.cc) and its loader. Loading never throws: a
+ * missing or broken addon yields the reason, and the js backend takes over.
+ */
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+import type { ProcEntry } from './types.js';
+import type { StatFields } from '../proc.js';
+
+export interface AddonInspect {
+  stat: StatFields;
+  argv: string[];
+  uid: number;
+  exe: { dev: number; ino: number } | null;
+  pidfsId: string | null;
+  pidfd?: number;
+}
+
+export interface NativeAddon {
+  close(fd: number): void;
+  flock(fd: number, operation: number): void;
+  pipe(): [number, number];
+  setChildSubreaper(on: boolean): void;
+  getChildSubreaper(): boolean;
+  probe(): { release?: string; pidfdOpen: string; pidfdSendSignal: string; waitidPidfd: string; closeRange: string };
+  pidfdOpen(pid: number, flags?: number): number;
+  pidfdSendSignal(fd: number, signo: number): void;
+  waitid(fd: number, options: number): { pid: number; code: number; status: number } | null;
+  pidfdGetExitInfo(fd: number): number | null;
+  pidfsId(fd: number): string | null;
+  watch(fd: number, callback: (error: string | null) => void): number;
+  unwatch(id: number): void;
+  watchRef(id: number, ref: boolean): void;
+  parseStat(text: string): StatFields | null;
+  inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
+  readBootId(path?: string): string;
+  listProcesses(procRoot?: string): Array<ProcEntry & { comm: string; pgrp: number; session: number }>;
+  spawn(
+    file: string,
+    argv: string[],
+    envp: string[],
+    options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean },
+  ): { pid: number; pidfd: number };
+  constants: {
+    LOCK_EX: number;
+    LOCK_SH: number;
+    LOCK_UN: number;
+    LOCK_NB: number;
+    WEXITED: number;
+    WNOHANG: number;
+    WNOWAIT: number;
+  };
+  unsupported?: string;
+}
+
+/** The package root: this file sits in src/backend or dist/backend. */
+export const packageRoot = fileURLToPath(new URL('../..', import.meta.url));
+
+export function loadAddon(): { addon: NativeAddon } | { error: string } {
+  if (process.env.CUSTODY_ADDON_PATH === '') return { error: 'CUSTODY_ADDON_PATH is empty (addon disabled)' };
+  try {
+    const require = createRequire(import.meta.url);
+    const addon = (process.env.CUSTODY_ADDON_PATH
+      ? require(process.env.CUSTODY_ADDON_PATH)
+      : require('node-gyp-build')(packageRoot)) as NativeAddon;
+    if (addon.unsupported) return { error: addon.unsupported };
+    return { addon };
+  } catch (err) {
+    const message = err instanceof Error ? err.message.split('\n')[0] : String(err);
+    return { error: `the native addon did not load: ${message}` };
+  }
+}

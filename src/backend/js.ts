@@ -1,0 +1,334 @@
+/**
+ * The pure-JS backend: child_process for children, process.kill for
+ * signals, fs reads of /proc for identities. It is the fallback where the
+ * addon cannot load and the baseline every benchmark compares against.
+ *
+ * What it cannot promise: between the start-time check and process.kill a
+ * pid can be reused (a window of microseconds), and inspect() re-reads the
+ * start time to detect, not prevent, a mixed identity. capabilities() says so.
+ */
+import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
+import { readFileSync, statSync, readdirSync } from 'node:fs';
+import { parseStat, parseStatusUid, splitCmdline } from '../proc.js';
+import { UNKNOWN_EXIT } from '../signals.js';
+import type { Capabilities, ExitStatus } from '../types.js';
+import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+
+function esrch(pid: number, syscall: string): NodeJS.ErrnoException {
+  const err = new Error(`${syscall} ESRCH (No such process): pid ${pid}`) as NodeJS.ErrnoException;
+  err.code = 'ESRCH';
+  err.errno = -3;
+  err.syscall = syscall;
+  return err;
+}
+
+/** Reads one /proc file; ENOENT/ESRCH of a vanished process become ESRCH. */
+function readProc(path: string, pid: number): string {
+  try {
+    return readFileSync(path, 'latin1');
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'ESRCH') throw esrch(pid, 'read');
+    throw err;
+  }
+}
+
+function readStartTicks(pid: number, procRoot: string): number | null {
+  try {
+    return parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'))?.startTicks ?? null;
+  } catch {
+    return null;
+  }
+}
+
+/** One shared timer polls every watched non-child: no per-process timers. */
+class ExitPoller {
+  #watched = new Map<number, Set<JsPidRef>>();
+  #timer: NodeJS.Timeout | undefined;
+  #refs = 0;
+  static readonly INTERVAL_MS = 50;
+
+  add(ref: JsPidRef): void {
+    let set = this.#watched.get(ref.pid);
+    if (!set) this.#watched.set(ref.pid, (set = new Set()));
+    set.add(ref);
+    if (!this.#timer) {
+      this.#timer = setInterval(() => this.#tick(), ExitPoller.INTERVAL_MS);
+      if (this.#refs === 0) this.#timer.unref();
+    }
+  }
+
+  delete(ref: JsPidRef): void {
+    const set = this.#watched.get(ref.pid);
+    if (!set) return;
+    set.delete(ref);
+    if (set.size === 0) this.#watched.delete(ref.pid);
+    if (this.#watched.size === 0 && this.#timer) {
+      clearInterval(this.#timer);
+      this.#timer = undefined;
+    }
+  }
+
+  adjustRefs(delta: number): void {
+    this.#refs += delta;
+    if (!this.#timer) return;
+    if (this.#refs > 0) this.#timer.ref();
+    else this.#timer.unref();
+  }
+
+  #tick(): void {
+    for (const [pid, set] of [...this.#watched]) {
+      for (const ref of [...set]) {
+        if (readStartTicks(pid, '/proc') !== ref.startTicks) ref.markExited(UNKNOWN_EXIT);
+      }
+    }
+  }
+}
+
+const poller = new ExitPoller();
+
+/** A non-child, pinned by (pid, start ticks). */
+class JsPidRef implements PidRef {
+  readonly pid: number;
+  readonly startTicks: number;
+  #exited: Promise<ExitStatus> | undefined;
+  #resolve: ((s: ExitStatus) => void) | undefined;
+  #status: ExitStatus | undefined;
+  #refed = true;
+  #polling = false;
+  #countsRef = false;
+
+  constructor(pid: number, startTicks: number) {
+    this.pid = pid;
+    this.startTicks = startTicks;
+  }
+
+  get exited(): Promise<ExitStatus> {
+    if (!this.#exited) {
+      this.#exited = new Promise((resolve) => (this.#resolve = resolve));
+      if (this.#status) this.#resolve!(this.#status);
+      else {
+        poller.add(this);
+        this.#polling = true;
+        this.#syncRef();
+      }
+    }
+    return this.#exited;
+  }
+
+  get exitStatus(): ExitStatus | undefined {
+    return this.#status;
+  }
+
+  signal(signo: number): boolean {
+    if (this.#status) return false;
+    // The window this backend cannot close: the pid could be reused between
+    // this check and the kill.
+    if (readStartTicks(this.pid, '/proc') !== this.startTicks) {
+      this.markExited(UNKNOWN_EXIT);
+      return false;
+    }
+    try {
+      process.kill(this.pid, signo);
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ESRCH') return false;
+      throw err;
+    }
+  }
+
+  markExited(status: ExitStatus): void {
+    if (this.#status) return;
+    this.#status = status;
+    this.#stopPolling();
+    this.#resolve?.(status);
+  }
+
+  ref(): void {
+    this.#refed = true;
+    this.#syncRef();
+  }
+
+  unref(): void {
+    this.#refed = false;
+    this.#syncRef();
+  }
+
+  close(): void {
+    this.#stopPolling();
+  }
+
+  #stopPolling(): void {
+    if (!this.#polling) return;
+    poller.delete(this);
+    this.#polling = false;
+    this.#syncRef();
+  }
+
+  /** The shared timer holds the loop open while any polling reference is ref'd. */
+  #syncRef(): void {
+    const want = this.#polling && this.#refed;
+    if (want !== this.#countsRef) {
+      poller.adjustRefs(want ? 1 : -1);
+      this.#countsRef = want;
+    }
+  }
+}
+
+/** A child of child_process: libuv reaps it; we only read what it reports. */
+class ChildPidRef implements PidRef {
+  readonly pid: number;
+  readonly exited: Promise<ExitStatus>;
+  #child: ChildProcess;
+  #status: ExitStatus | undefined;
+
+  constructor(child: ChildProcess) {
+    this.#child = child;
+    this.pid = child.pid!;
+    this.exited = new Promise((resolve) => {
+      child.once('exit', (code, signal) => {
+        this.#status = { code, signal };
+        resolve(this.#status);
+      });
+    });
+  }
+
+  get exitStatus(): ExitStatus | undefined {
+    return this.#status;
+  }
+
+  signal(signo: number): boolean {
+    if (this.#status) return false;
+    // Until libuv has reaped it the pid cannot be reused, so this is safe;
+    // after, kill() returns false without signalling.
+    if (signo === 0) {
+      try {
+        process.kill(this.pid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    }
+    return this.#child.kill(signo);
+  }
+
+  ref(): void {
+    this.#child.ref();
+  }
+
+  unref(): void {
+    this.#child.unref();
+  }
+
+  close(): void {
+    this.unref();
+  }
+}
+
+export class JsBackend implements Backend {
+  readonly name = 'js' as const;
+  #caps: Capabilities;
+  #bootId: string | undefined;
+
+  constructor(caps: Capabilities) {
+    this.#caps = caps;
+  }
+
+  capabilities(): Capabilities {
+    return this.#caps;
+  }
+
+  inspect(pid: number, procRoot = '/proc'): RawIdentity {
+    const dir = `${procRoot}/${pid}`;
+    const stat = parseStat(readProc(`${dir}/stat`, pid));
+    if (!stat) throw Object.assign(new Error(`unparseable ${dir}/stat`), { code: 'EPROTO', syscall: 'read' });
+    const argv = splitCmdline(readProc(`${dir}/cmdline`, pid));
+    const uid = parseStatusUid(readProc(`${dir}/status`, pid));
+    let exe: RawIdentity['exe'] = null;
+    try {
+      const st = statSync(`${dir}/exe`);
+      exe = { dev: st.dev, ino: st.ino };
+    } catch {
+      exe = null;
+    }
+    // Detect (cannot prevent) a pid that changed owner during the reads.
+    if (readStartTicks(pid, procRoot) !== stat.startTicks) throw esrch(pid, 'read');
+    return { stat, argv, uid, exe, pidfsId: null };
+  }
+
+  inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
+    const raw = this.inspect(pid);
+    return { raw, ref: new JsPidRef(pid, raw.stat.startTicks) };
+  }
+
+  bootId(): string {
+    return (this.#bootId ??= readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim());
+  }
+
+  listProcesses(procRoot = '/proc'): ProcEntry[] {
+    const out: ProcEntry[] = [];
+    for (const name of readdirSync(procRoot)) {
+      if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
+      try {
+        const stat = parseStat(readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
+        if (!stat) continue;
+        const argv = splitCmdline(readFileSync(`${procRoot}/${name}/cmdline`, 'latin1'));
+        let uid = -1;
+        try {
+          uid = parseStatusUid(readFileSync(`${procRoot}/${name}/status`, 'latin1'));
+        } catch {
+          /* vanished */
+        }
+        out.push({ pid: stat.pid, ppid: stat.ppid, uid, state: stat.state, startTicks: stat.startTicks, argv });
+      } catch {
+        /* vanished mid-scan */
+      }
+    }
+    return out;
+  }
+
+  tryLock(): 'unsupported' {
+    return 'unsupported';
+  }
+
+  spawn(req: SpawnRequest): SpawnedChild {
+    const child = cpSpawn(req.file, req.argv.slice(1), {
+      argv0: req.argv[0],
+      cwd: req.cwd,
+      env: Object.fromEntries(
+        req.env.map((kv) => {
+          const eq = kv.indexOf('=');
+          return [kv.slice(0, eq), kv.slice(eq + 1)];
+        }),
+      ),
+      stdio: req.stdio.map((t) => (typeof t === 'object' ? t.fd : t)),
+      detached: req.newSession,
+    });
+    if (child.pid === undefined) {
+      // child_process reports exec failure asynchronously; surface it as the
+      // native backend does, synchronously, by waiting for nothing: the
+      // 'error' event carries the errno, and pid is undefined.
+      throw spawnFailure(child, req.file);
+    }
+    return { ref: new ChildPidRef(child), stdin: child.stdin, stdout: child.stdout, stderr: child.stderr };
+  }
+}
+
+function spawnFailure(child: ChildProcess, file: string): Error {
+  // Node sets `pid` undefined and emits 'error' on the next tick; the errno is
+  // in the spawn result's internal error, which we re-derive from the file.
+  child.on('error', () => {});
+  let code = 'ENOENT';
+  try {
+    const st = statSync(file);
+    if (!st.isFile() || (st.mode & 0o111) === 0) code = 'EACCES';
+  } catch (err) {
+    code = (err as NodeJS.ErrnoException).code ?? 'ENOENT';
+  }
+  const err = new Error(`spawn ${file} ${code}`) as NodeJS.ErrnoException;
+  err.code = code;
+  err.syscall = 'spawn';
+  err.path = file;
+  return err;
+}
+

@@ -1,0 +1,259 @@
+/**
+ * The native backend: every process reference is a pidfd; exits are seen by
+ * polling pidfds on the libuv loop (one epoll registration each, O(1) per
+ * exit); children come from clone(CLONE_PIDFD | CLONE_VFORK | CLONE_VM).
+ */
+import { openSync, closeSync } from 'node:fs';
+import { Socket } from 'node:net';
+import type { Readable, Writable } from 'node:stream';
+import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
+import type { Capabilities, ExitStatus } from '../types.js';
+import type { NativeAddon } from './addon.js';
+import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+
+// siginfo si_code values for a child's end (CLD_*).
+const CLD_EXITED = 1;
+
+type Origin = 'spawned' | 'other';
+
+const pidfdFinalizer = new FinalizationRegistry<{ addon: NativeAddon; fd: number }>(({ addon, fd }) => {
+  try {
+    addon.close(fd);
+  } catch {
+    // already closed with the environment
+  }
+});
+
+/** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
+const EXIT_INFO_WAIT_MS = 1000;
+
+export class NativePidRef implements PidRef {
+  readonly pid: number;
+  #fd: number;
+  #addon: NativeAddon;
+  #origin: Origin;
+  #watcher = 0;
+  #exited: Promise<ExitStatus> | undefined;
+  #resolve: ((s: ExitStatus) => void) | undefined;
+  #status: ExitStatus | undefined;
+  #closed = false;
+  #refed = true;
+  #exitInfo: boolean;
+
+  constructor(addon: NativeAddon, pid: number, fd: number, origin: Origin, exitInfo: boolean) {
+    this.#addon = addon;
+    this.pid = pid;
+    this.#fd = fd;
+    this.#origin = origin;
+    this.#exitInfo = exitInfo;
+    // A handle dropped without close() must not keep its pidfd forever.
+    pidfdFinalizer.register(this, { addon, fd }, this);
+    // Our own children are always watched: they must be reaped even if
+    // nobody ever asks how they ended.
+    if (origin === 'spawned') this.#watch();
+  }
+
+  get exited(): Promise<ExitStatus> {
+    if (!this.#exited) this.#watch();
+    return this.#exited!;
+  }
+
+  get exitStatus(): ExitStatus | undefined {
+    return this.#status;
+  }
+
+  signal(signo: number): boolean {
+    if (this.#status || this.#fd < 0) return false;
+    try {
+      this.#addon.pidfdSendSignal(this.#fd, signo);
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ESRCH') return false;
+      throw err;
+    }
+  }
+
+  ref(): void {
+    this.#refed = true;
+    if (this.#watcher) this.#addon.watchRef(this.#watcher, true);
+  }
+
+  unref(): void {
+    this.#refed = false;
+    if (this.#watcher) this.#addon.watchRef(this.#watcher, false);
+  }
+
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    if (this.#origin === 'spawned' && !this.#status) {
+      // Keep watching, without holding the loop open, until it can be reaped.
+      this.unref();
+      return;
+    }
+    this.#release();
+  }
+
+  #release(): void {
+    pidfdFinalizer.unregister(this);
+    if (this.#watcher) {
+      this.#addon.unwatch(this.#watcher);
+      this.#watcher = 0;
+    }
+    if (this.#fd >= 0) {
+      this.#addon.close(this.#fd);
+      this.#fd = -1;
+    }
+  }
+
+  #watch(): void {
+    if (this.#exited) return;
+    this.#exited = new Promise((resolve) => (this.#resolve = resolve));
+    if (this.#fd < 0) {
+      this.#settle(UNKNOWN_EXIT);
+      return;
+    }
+    this.#watcher = this.#addon.watch(this.#fd, () => {
+      this.#watcher = 0;
+      this.#onReadable();
+    });
+    if (!this.#refed) this.#addon.watchRef(this.#watcher, false);
+  }
+
+  #onReadable(): void {
+    if (this.#origin === 'spawned') {
+      // Our child: reap it through its pidfd. Nobody else can (libuv only
+      // waits for the pids it spawned), so WNOHANG finds it.
+      const info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
+      const status: ExitStatus = !info
+        ? UNKNOWN_EXIT
+        : info.code === CLD_EXITED
+          ? { code: info.status, signal: null }
+          : decodeWaitStatus(info.status & 0x7f);
+      this.#settle(status);
+      return;
+    }
+    void this.#awaitExitInfo().then((s) => this.#settle(s));
+  }
+
+  /** A non-child's status exists only once its own parent has reaped it (PIDFD_INFO_EXIT, Linux >= 6.15). */
+  async #awaitExitInfo(): Promise<ExitStatus> {
+    if (!this.#exitInfo) return UNKNOWN_EXIT;
+    const deadline = Date.now() + EXIT_INFO_WAIT_MS;
+    for (let delay = 1; ; delay = Math.min(delay * 2, 50)) {
+      if (this.#fd < 0) return UNKNOWN_EXIT;
+      try {
+        const raw = this.#addon.pidfdGetExitInfo(this.#fd);
+        if (raw !== null) return decodeWaitStatus(raw);
+      } catch {
+        return UNKNOWN_EXIT;
+      }
+      if (Date.now() >= deadline) return UNKNOWN_EXIT;
+      await new Promise((r) => setTimeout(r, delay).unref());
+    }
+  }
+
+  #settle(status: ExitStatus): void {
+    if (this.#status) return;
+    this.#status = status;
+    // Exited (and reaped, if ours): the pidfd has nothing left to give.
+    this.#release();
+    this.#resolve?.(status);
+  }
+}
+
+export class NativeBackend implements Backend {
+  readonly name = 'native' as const;
+  #addon: NativeAddon;
+  #caps: Capabilities;
+  #bootId: string | undefined;
+
+  constructor(addon: NativeAddon, caps: Capabilities) {
+    this.#addon = addon;
+    this.#caps = caps;
+  }
+
+  get addon(): NativeAddon {
+    return this.#addon;
+  }
+
+  capabilities(): Capabilities {
+    return this.#caps;
+  }
+
+  inspect(pid: number, procRoot?: string): RawIdentity {
+    const r = this.#addon.inspect(pid, procRoot, false);
+    return { stat: r.stat, argv: r.argv, uid: r.uid, exe: r.exe, pidfsId: r.pidfsId };
+  }
+
+  inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
+    const r = this.#addon.inspect(pid, undefined, true);
+    const raw = { stat: r.stat, argv: r.argv, uid: r.uid, exe: r.exe, pidfsId: r.pidfsId };
+    return { raw, ref: new NativePidRef(this.#addon, pid, r.pidfd!, 'other', this.#caps.exitInfoOfNonChildren) };
+  }
+
+  bootId(): string {
+    // The boot id cannot change while we run.
+    return (this.#bootId ??= this.#addon.readBootId());
+  }
+
+  listProcesses(procRoot?: string): ProcEntry[] {
+    return this.#addon.listProcesses(procRoot);
+  }
+
+  tryLock(fd: number): boolean {
+    const c = this.#addon.constants;
+    try {
+      this.#addon.flock(fd, c.LOCK_EX | c.LOCK_NB);
+      return true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EWOULDBLOCK' || (err as NodeJS.ErrnoException).code === 'EAGAIN') {
+        return false;
+      }
+      throw err;
+    }
+  }
+
+  spawn(req: SpawnRequest): SpawnedChild {
+    const fds: [number, number, number] = [-1, -1, -1];
+    const parentEnds: Array<number | null> = [null, null, null];
+    const toClose: number[] = [];
+    let devNull: number | undefined;
+    try {
+      req.stdio.forEach((target, i) => {
+        if (target === 'inherit') fds[i] = i;
+        else if (target === 'ignore') {
+          if (devNull === undefined) toClose.push((devNull = openSync('/dev/null', 'r+')));
+          fds[i] = devNull;
+        } else if (target === 'pipe') {
+          const [r, w] = this.#addon.pipe();
+          const childEnd = i === 0 ? r : w;
+          fds[i] = childEnd;
+          parentEnds[i] = i === 0 ? w : r;
+          toClose.push(childEnd);
+        } else fds[i] = target.fd;
+      });
+      const { pid, pidfd } = this.#addon.spawn(req.file, req.argv, req.env, {
+        cwd: req.cwd,
+        stdio: fds,
+        newSession: req.newSession,
+        newGroup: req.newGroup,
+      });
+      const ref = new NativePidRef(this.#addon, pid, pidfd, 'spawned', this.#caps.exitInfoOfNonChildren);
+      const streams = parentEnds.map((fd, i) => {
+        if (fd === null) return null;
+        parentEnds[i] = null;
+        return new Socket({ fd, readable: i !== 0, writable: i === 0 });
+      });
+      return {
+        ref,
+        stdin: (streams[0] as Writable | null) ?? null,
+        stdout: (streams[1] as Readable | null) ?? null,
+        stderr: (streams[2] as Readable | null) ?? null,
+      };
+    } finally {
+      for (const fd of toClose) closeSync(fd);
+      for (const fd of parentEnds) if (fd !== null) closeSync(fd);
+    }
+  }
+}

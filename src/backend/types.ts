@@ -1,0 +1,84 @@
+/**
+ * The one interface both backends implement. `native` is the addon (pidfds,
+ * clone with CLONE_PIDFD, /proc read in C); `js` is child_process,
+ * process.kill and fs reads of /proc. Policy never lives here.
+ */
+import type { Readable, Writable } from 'node:stream';
+import type { StatFields } from '../proc.js';
+import type { Capabilities, ExitStatus } from '../types.js';
+
+/** What one inspection of /proc/<pid> yields, before policy adds the boot id. */
+export interface RawIdentity {
+  stat: StatFields;
+  argv: string[];
+  uid: number;
+  exe: { dev: number; ino: number } | null;
+  pidfsId: string | null;
+}
+
+/** One row of a process-table scan. Not proof of anything: a candidate to inspect. */
+export interface ProcEntry {
+  pid: number;
+  ppid: number;
+  uid: number;
+  state: string;
+  startTicks: number;
+  argv: string[];
+}
+
+/**
+ * A reference pinned to one process. On the native backend it holds a pidfd,
+ * so a signal can never reach a later owner of the pid; on the js backend it
+ * re-checks the start time before each signal (best effort: there is a window).
+ */
+export interface PidRef {
+  readonly pid: number;
+  /** Sends signo (0 probes). false when the process is gone; never throws for that. */
+  signal(signo: number): boolean;
+  /** Settles once the process has exited (and, for a child we spawned, been reaped). Never rejects. */
+  readonly exited: Promise<ExitStatus>;
+  /** Set once the exit has been seen. */
+  readonly exitStatus: ExitStatus | undefined;
+  ref(): void;
+  unref(): void;
+  /** Releases the pin. A child we spawned is still reaped when it exits. */
+  close(): void;
+}
+
+export type StdioTarget = 'ignore' | 'inherit' | 'pipe' | { fd: number };
+
+export interface SpawnRequest {
+  /** Resolved path of the executable (PATH search is done by the caller). */
+  file: string;
+  /** Full argv, argv[0] included. */
+  argv: string[];
+  /** "KEY=value" strings. */
+  env: string[];
+  cwd: string | undefined;
+  stdio: [StdioTarget, StdioTarget, StdioTarget];
+  /** setsid(): a detached long-lived process outlives our session and terminal. */
+  newSession: boolean;
+  /** setpgid(0, 0): its own process group, for group signals. */
+  newGroup: boolean;
+}
+
+export interface SpawnedChild {
+  ref: PidRef;
+  stdin: Writable | null;
+  stdout: Readable | null;
+  stderr: Readable | null;
+}
+
+export interface Backend {
+  readonly name: 'native' | 'js';
+  capabilities(): Capabilities;
+  /** Reads one process's identity fields. Throws an errno error (code ESRCH) when there is none. */
+  inspect(pid: number, procRoot?: string): RawIdentity;
+  /** Inspects and keeps the pin the inspection was made under, for signalling the proven process. */
+  inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef };
+  bootId(): string;
+  spawn(req: SpawnRequest): SpawnedChild;
+  listProcesses(procRoot?: string): ProcEntry[];
+  /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */
+  tryLock(fd: number): boolean | 'unsupported';
+}

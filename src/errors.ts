@@ -1,0 +1,149 @@
+/**
+ * Errors with stable `code`s. Callers branch on `err.code`, never on the
+ * message. Every class is exported so `instanceof` works too.
+ */
+import type { ExitStatus } from './types.js';
+
+export type CustodyErrorCode =
+  | 'ERR_CUSTODY_LAUNCH_EXITED'
+  | 'ERR_CUSTODY_CONFIRM_TIMEOUT'
+  | 'ERR_CUSTODY_READY_TIMEOUT'
+  | 'ERR_CUSTODY_QUARANTINED'
+  | 'ERR_CUSTODY_IDENTITY_UNRECORDED'
+  | 'ERR_CUSTODY_IDENTITY_MISMATCH'
+  | 'ERR_CUSTODY_STATE_LOCKED'
+  | 'ERR_CUSTODY_BAD_MANIFEST'
+  | 'ERR_CUSTODY_INVALID_ARG'
+  | 'ERR_CUSTODY_UNSUPPORTED'
+  | 'ERR_CUSTODY_STOP_TIMEOUT'
+  | 'ERR_CUSTODY_NOT_FOUND'
+  | 'ERR_CUSTODY_BUSY'
+  | 'ERR_CUSTODY_CLOSED'
+  | 'ERR_CUSTODY_STATE_IO';
+
+export class CustodyError extends Error {
+  readonly code: CustodyErrorCode;
+  constructor(code: CustodyErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+    this.name = new.target.name;
+  }
+}
+
+export class InvalidArgError extends CustodyError {
+  constructor(message: string) {
+    super('ERR_CUSTODY_INVALID_ARG', message);
+  }
+}
+
+export class UnsupportedError extends CustodyError {
+  constructor(message: string) {
+    super('ERR_CUSTODY_UNSUPPORTED', message);
+  }
+}
+
+/** The identity of a process could not be proven: the record lacks a field that proof needs. */
+export class IdentityUnrecordedError extends CustodyError {
+  readonly field: string;
+  constructor(pid: number, field: string) {
+    super('ERR_CUSTODY_IDENTITY_UNRECORDED', `pid ${pid}: the recorded identity has no ${field}; ownership cannot be proven`);
+    this.field = field;
+  }
+}
+
+/** The live process is not the recorded one (reused pid, other exe or argv, reboot, or gone). */
+export class IdentityMismatchError extends CustodyError {
+  readonly verdict: string;
+  readonly field: string | undefined;
+  constructor(pid: number, verdict: string, field?: string) {
+    super(
+      'ERR_CUSTODY_IDENTITY_MISMATCH',
+      `pid ${pid}: the live process does not match the recorded identity (${verdict}${field ? `: ${field}` : ''})`,
+    );
+    this.verdict = verdict;
+    this.field = field;
+  }
+}
+
+export class LaunchExitedError extends CustodyError {
+  readonly id: string;
+  readonly pid: number | undefined;
+  readonly exitCode: number | null;
+  readonly signal: NodeJS.Signals | null;
+  readonly stderrTail: string | undefined;
+  constructor(id: string, pid: number | undefined, status: ExitStatus, stderrTail?: string) {
+    const how = status.signal ? `signal ${status.signal}` : status.code !== null ? `code ${status.code}` : 'unknown status';
+    super(
+      'ERR_CUSTODY_LAUNCH_EXITED',
+      `launch of ${id}${pid ? ` (pid ${pid})` : ''} exited with ${how}${stderrTail ? `; stderr: ${stderrTail.trim()}` : ''}`,
+    );
+    this.id = id;
+    this.pid = pid;
+    this.exitCode = status.code;
+    this.signal = status.signal;
+    this.stderrTail = stderrTail;
+  }
+}
+
+export class ConfirmTimeoutError extends CustodyError {
+  readonly id: string;
+  readonly pid: number | undefined;
+  constructor(id: string, pid: number | undefined, timeoutMs: number, detail: string) {
+    super('ERR_CUSTODY_CONFIRM_TIMEOUT', `launch of ${id}: pid ${pid ?? '?'} did not exec into the expected argv within ${timeoutMs} ms (${detail})`);
+    this.id = id;
+    this.pid = pid;
+  }
+}
+
+export class ReadyTimeoutError extends CustodyError {
+  readonly id: string;
+  constructor(id: string, timeoutMs: number, detail: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_READY_TIMEOUT', `launch of ${id}: not ready within ${timeoutMs} ms (${detail})`, options);
+    this.id = id;
+  }
+}
+
+export class QuarantinedError extends CustodyError {
+  readonly id: string;
+  readonly reason: string | undefined;
+  constructor(id: string, reason?: string) {
+    super('ERR_CUSTODY_QUARANTINED', `instance ${id} is quarantined${reason ? ` (${reason})` : ''}; release() it first`);
+    this.id = id;
+    this.reason = reason;
+  }
+}
+
+export class StateLockedError extends CustodyError {
+  readonly holderPid: number | null;
+  readonly stateDir: string;
+  constructor(stateDir: string, holderPid: number | null) {
+    super('ERR_CUSTODY_STATE_LOCKED', `state dir ${stateDir} is locked by ${holderPid ? `pid ${holderPid}` : 'another supervisor'}`);
+    this.holderPid = holderPid;
+    this.stateDir = stateDir;
+  }
+}
+
+export class BadManifestError extends CustodyError {
+  readonly path: string;
+  constructor(path: string, why: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_BAD_MANIFEST', `manifest ${path}: ${why}`, options);
+    this.path = path;
+  }
+}
+
+export class StopTimeoutError extends CustodyError {
+  readonly pid: number;
+  constructor(pid: number, waitedMs: number) {
+    super('ERR_CUSTODY_STOP_TIMEOUT', `pid ${pid} did not exit within ${waitedMs} ms of SIGKILL (uninterruptible sleep?)`);
+    this.pid = pid;
+  }
+}
+
+/** Node's convention for a cancelled operation: name AbortError, code ABORT_ERR, cause the signal's reason. */
+export class AbortError extends Error {
+  readonly code = 'ABORT_ERR';
+  constructor(reason?: unknown) {
+    super('The operation was aborted', reason === undefined ? undefined : { cause: reason });
+    this.name = 'AbortError';
+  }
+}

@@ -1,0 +1,225 @@
+/**
+ * ProcessHandle: one process, pinned. open() pins an existing process after
+ * proving it is the expected one; spawn() pins a new child from birth.
+ */
+import { accessSync, closeSync, constants as fsConstants, openSync, statSync } from 'node:fs';
+import * as path from 'node:path';
+import type { Readable, Writable } from 'node:stream';
+import { backend } from './backend/index.js';
+import type { PidRef, StdioTarget } from './backend/types.js';
+import { IdentityMismatchError, IdentityUnrecordedError, InvalidArgError } from './errors.js';
+import { toIdentity, verify } from './identity.js';
+import { signalNumber } from './signals.js';
+import type { ExitStatus, ProcessIdentity } from './types.js';
+import { assertPid, assertStringArray } from './validate.js';
+
+export class ProcessHandle {
+  readonly pid: number;
+  /** The identity proven when the handle was opened (open()); null for a fresh spawn until it is inspected. */
+  readonly identity: ProcessIdentity | null;
+  readonly stdin: Writable | null;
+  readonly stdout: Readable | null;
+  readonly stderr: Readable | null;
+  /** True for a child this handle spawned. */
+  readonly spawned: boolean;
+  readonly #ref: PidRef;
+
+  /** @internal */
+  constructor(
+    ref: PidRef,
+    init: { identity: ProcessIdentity | null; spawned: boolean; stdin?: Writable | null; stdout?: Readable | null; stderr?: Readable | null },
+  ) {
+    this.#ref = ref;
+    this.pid = ref.pid;
+    this.identity = init.identity;
+    this.spawned = init.spawned;
+    this.stdin = init.stdin ?? null;
+    this.stdout = init.stdout ?? null;
+    this.stderr = init.stderr ?? null;
+  }
+
+  /**
+   * Sends a signal through the pin (a pidfd on the native backend). Returns
+   * false when the process is already gone; never throws for that.
+   */
+  signal(sig: NodeJS.Signals | number = 'SIGTERM'): boolean {
+    return this.#ref.signal(signalNumber(sig));
+  }
+
+  /** Whether the process still runs (signal 0 through the pin). */
+  isAlive(): boolean {
+    return this.#ref.signal(0);
+  }
+
+  /** Settles with { code, signal } once the process has exited; both null where the kernel cannot say. */
+  get exited(): Promise<ExitStatus> {
+    return this.#ref.exited;
+  }
+
+  /** The exit status once seen, else undefined. */
+  get exitStatus(): ExitStatus | undefined {
+    return this.#ref.exitStatus;
+  }
+
+  /** Keep the event loop alive while waiting for this process's exit (the default). */
+  ref(): this {
+    this.#ref.ref();
+    return this;
+  }
+
+  /** Let the event loop end while this process runs. */
+  unref(): this {
+    this.#ref.unref();
+    return this;
+  }
+
+  /** Releases the pidfd. A spawned child is still reaped when it exits, so it never lingers as a zombie. */
+  close(): void {
+    this.#ref.close();
+  }
+
+  [Symbol.for('nodejs.dispose')](): void {
+    this.close();
+  }
+}
+
+/**
+ * Opens a handle on an existing process. With `expected`, the live process
+ * must verify against it, and the pidfd the proof was read under is the one
+ * every later signal goes through.
+ */
+export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessHandle {
+  assertPid(pid);
+  const { raw, ref } = backend.inspectPinned(pid);
+  const identity = toIdentity(pid, raw, backend.bootId());
+  if (expected !== undefined) {
+    const result = verify({ ...expected, pid }, identity);
+    if (result.verdict !== 'ok') {
+      ref.close();
+      if (result.verdict === 'unrecorded') throw new IdentityUnrecordedError(pid, result.field ?? 'identity');
+      throw new IdentityMismatchError(pid, result.verdict, result.field);
+    }
+  }
+  return new ProcessHandle(ref, { identity, spawned: false });
+}
+
+export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };
+
+export interface SpawnOptions {
+  /** One value for all three, or [stdin, stdout, stderr]. 'ignore' by default. `{ file }` appends to a file (created 0600). */
+  stdio?: StdioOption | [StdioOption, StdioOption, StdioOption];
+  /** The child's environment; process.env by default. */
+  env?: Record<string, string | undefined>;
+  cwd?: string;
+  /** A new session (setsid): for long-lived processes that must not share our terminal or process group. */
+  detached?: boolean;
+  /** A new process group (setpgid), so the group can be signalled as one. Implied by detached. */
+  newGroup?: boolean;
+  /** argv[0] as the program sees it; the command by default. */
+  argv0?: string;
+}
+
+/** PATH search, done here so both backends fail the same way (ENOENT, EACCES) before any process exists. */
+export function resolveExecutable(command: string, env: Record<string, string | undefined>, cwd?: string): string {
+  const errno = (code: string, p: string) =>
+    Object.assign(new Error(`spawn ${p} ${code}`), { code, errno: code === 'ENOENT' ? -2 : -13, syscall: 'spawn', path: p });
+  const check = (p: string): string | 'ENOENT' | 'EACCES' => {
+    try {
+      const st = statSync(p);
+      if (!st.isFile()) return 'EACCES';
+      accessSync(p, fsConstants.X_OK);
+      return p;
+    } catch (err) {
+      return (err as NodeJS.ErrnoException).code === 'EACCES' ? 'EACCES' : 'ENOENT';
+    }
+  };
+  if (command.includes('/')) {
+    const p = path.resolve(cwd ?? process.cwd(), command);
+    const r = check(p);
+    if (r === 'ENOENT' || r === 'EACCES') throw errno(r, command);
+    return p;
+  }
+  let sawEacces = false;
+  for (const dir of (env.PATH ?? '/usr/local/bin:/usr/bin:/bin').split(':')) {
+    if (!dir) continue;
+    const r = check(path.resolve(cwd ?? process.cwd(), dir, command));
+    if (r === 'EACCES') sawEacces = true;
+    else if (r !== 'ENOENT') return r;
+  }
+  throw errno(sawEacces ? 'EACCES' : 'ENOENT', command);
+}
+
+/** Turns spawn options into backend stdio targets; opens `{ file }` targets (the caller closes them). */
+export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [StdioTarget, StdioTarget, StdioTarget] {
+  const list = stdio === undefined ? ['ignore', 'ignore', 'ignore'] : Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
+  if (list.length !== 3) throw new InvalidArgError('stdio must be one value or three');
+  return list.map((s, i): StdioTarget => {
+    if (s === 'ignore' || s === 'inherit' || s === 'pipe') return s;
+    if (s && typeof s === 'object' && 'fd' in s && Number.isInteger(s.fd) && s.fd >= 0) return { fd: s.fd };
+    if (s && typeof s === 'object' && 'file' in s && typeof s.file === 'string' && s.file && !s.file.includes('\0')) {
+      if (i === 0) throw new InvalidArgError('stdin cannot append to a file');
+      // Opened here, closed by the caller right after spawn: only the child keeps it.
+      const fd = openAppend(s.file);
+      opened.push(fd);
+      return { fd };
+    }
+    throw new InvalidArgError(`stdio[${i}] must be 'ignore', 'inherit', 'pipe', { file } or { fd }`);
+  }) as [StdioTarget, StdioTarget, StdioTarget];
+}
+
+function openAppend(file: string): number {
+  return openSync(file, fsConstants.O_WRONLY | fsConstants.O_APPEND | fsConstants.O_CREAT, 0o600);
+}
+
+export function envList(env: Record<string, string | undefined>): string[] {
+  const out: string[] = [];
+  for (const [k, v] of Object.entries(env)) {
+    if (v === undefined) continue;
+    if (k === '' || k.includes('=') || k.includes('\0') || String(v).includes('\0')) {
+      throw new InvalidArgError(`env entry ${JSON.stringify(k)} is not a valid variable (no '=', no NUL)`);
+    }
+    out.push(`${k}=${v}`);
+  }
+  return out;
+}
+
+/**
+ * Spawns a child and returns its handle. On the native backend the pidfd
+ * comes with the pid (clone CLONE_PIDFD), the child is created without
+ * copying our page tables (CLONE_VM | CLONE_VFORK), and exec failure
+ * (ENOENT, EACCES) is thrown synchronously with nothing left behind.
+ */
+export function spawn(command: string, args: readonly string[] = [], options: SpawnOptions = {}): ProcessHandle {
+  if (typeof command !== 'string' || command === '' || command.includes('\0')) {
+    throw new InvalidArgError('command must be a non-empty string without NUL bytes');
+  }
+  assertStringArray(args, 'args');
+  if (options.cwd !== undefined && (typeof options.cwd !== 'string' || options.cwd.includes('\0'))) {
+    throw new InvalidArgError('cwd must be a string without NUL bytes');
+  }
+  const env = options.env ?? process.env;
+  const envp = envList(env);
+  const file = resolveExecutable(command, env, options.cwd);
+  const opened: number[] = [];
+  try {
+    const stdio = stdioTargets(options.stdio, opened);
+    const child = backend.spawn({
+      file,
+      argv: [options.argv0 ?? command, ...args],
+      env: envp,
+      cwd: options.cwd,
+      stdio,
+      newSession: options.detached === true,
+      newGroup: options.newGroup === true,
+    });
+    return new ProcessHandle(child.ref, {
+      identity: null,
+      spawned: true,
+      stdin: child.stdin,
+      stdout: child.stdout,
+      stderr: child.stderr,
+    });
+  } finally {
+    for (const fd of opened) closeSync(fd);
+  }
+}

@@ -1,0 +1,10 @@
+export { capabilities } from './backend/index.js';
+export { inspect, verify } from './identity.js';
+export { open, spawn, ProcessHandle } from './handle.js';
+export type { SpawnOptions, StdioOption } from './handle.js';
+export { terminate } from './terminate.js';
+export type { TerminateOptions, TerminateResult } from './terminate.js';
+export { parseStat, splitCmdline } from './proc.js';
+export type { StatFields } from './proc.js';
+export * from './errors.js';
+export type { Capabilities, ExitStatus, ProcessIdentity, Verdict, VerifyResult } from './types.js';

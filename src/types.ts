@@ -1,0 +1,56 @@
+/** A process's identity as custody records and proves it. */
+export interface ProcessIdentity {
+  pid: number;
+  /** /proc/sys/kernel/random/boot_id when the identity was read. */
+  bootId: string;
+  /** Start time in clock ticks since boot (field 22 of /proc/<pid>/stat). */
+  startTicks: number;
+  /** The executable's device and inode, or null where it cannot be read (kernel threads, other users). */
+  exe: { dev: number; ino: number } | null;
+  /** The pidfs inode number of a pidfd on the process (Linux >= 6.9, native backend), unique per boot. */
+  pidfsId: string | null;
+  argv: string[];
+  /** Real uid. */
+  uid: number;
+  ppid: number;
+  /** One-letter state from /proc/<pid>/stat: R, S, D, Z, T... */
+  state: string;
+}
+
+/** How a process ended. Both null: the kernel could not say (not our child, no PIDFD_INFO_EXIT). */
+export interface ExitStatus {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export type Verdict = 'ok' | 'gone' | 'rebooted' | 'unrecorded' | 'reused' | 'mismatch';
+
+export interface VerifyResult {
+  verdict: Verdict;
+  /** The field that decided, where one did. */
+  field?: string;
+}
+
+export interface Capabilities {
+  backend: 'native' | 'js';
+  /** Why the native backend is not in use, when it is not. */
+  reason?: string;
+  platform: NodeJS.Platform;
+  kernel: string | null;
+  /** /proc is readable: identities can be read at all. */
+  proc: boolean;
+  /** Signals go through pidfds. */
+  pidfd: boolean;
+  /** Identities carry pidfs ids (Linux >= 6.9), which decide PID reuse even within one clock tick. */
+  pidfsId: boolean;
+  /** The exit status of processes that are not our children (PIDFD_INFO_EXIT, Linux >= 6.15). */
+  exitInfoOfNonChildren: boolean;
+  /** A signal can never reach a process that reused the pid. */
+  raceFreeSignals: boolean;
+  /** inspect() never mixes two processes' fields. */
+  raceFreeIdentity: boolean;
+  /** Children are created with a pidfd from birth (clone CLONE_PIDFD|CLONE_VFORK). */
+  spawnWithPidfd: boolean;
+  /** Errno name per probed kernel call ('' when it works), for diagnostics. */
+  probe: Record<string, string>;
+}

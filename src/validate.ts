@@ -1,0 +1,52 @@
+import { readFileSync } from 'node:fs';
+import { InvalidArgError } from './errors.js';
+
+let pidMaxCache: number | undefined;
+
+/** kernel.pid_max, read once; the kernel's absolute ceiling (2^22) where it cannot be read. */
+export function pidMax(): number {
+  if (pidMaxCache === undefined) {
+    try {
+      const n = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8').trim());
+      pidMaxCache = Number.isSafeInteger(n) && n > 0 ? n : 4194304;
+    } catch {
+      pidMaxCache = 4194304;
+    }
+  }
+  return pidMaxCache;
+}
+
+/** A pid is an integer in [1, pid_max]. Anything else is ERR_CUSTODY_INVALID_ARG, before any syscall. */
+export function assertPid(pid: unknown, what = 'pid'): asserts pid is number {
+  if (typeof pid !== 'number' || !Number.isInteger(pid) || pid < 1 || pid > pidMax()) {
+    throw new InvalidArgError(`${what} must be an integer from 1 to ${pidMax()}, got ${describe(pid)}`);
+  }
+}
+
+/** terminate() and friends never aim at init or at the caller itself. */
+export function assertSignallable(pid: number): void {
+  if (pid === 1) throw new InvalidArgError('refusing to signal pid 1 (init)');
+  if (pid === process.pid) throw new InvalidArgError(`refusing to signal this process itself (pid ${pid})`);
+}
+
+export function assertDuration(value: unknown, what: string): asserts value is number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new InvalidArgError(`${what} must be a finite number of milliseconds >= 0, got ${describe(value)}`);
+  }
+}
+
+export function assertStringArray(value: unknown, what: string): asserts value is string[] {
+  if (!Array.isArray(value) || !value.every((v) => typeof v === 'string')) {
+    throw new InvalidArgError(`${what} must be an array of strings`);
+  }
+  for (const v of value) {
+    if (v.includes('\0')) throw new InvalidArgError(`${what} must not contain NUL bytes`);
+  }
+}
+
+export function describe(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}…` : value);
+  if (typeof value === 'bigint') return `${value}n`;
+  if (typeof value === 'number' || typeof value === 'boolean' || value === null || value === undefined) return String(value);
+  return typeof value;
+}

@@ -1,0 +1,82 @@
+import { execFileSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { Worker } from 'node:worker_threads';
+import { describe, expect, it } from 'vitest';
+import { backend } from '../src/backend/index.js';
+import type { NativeBackend } from '../src/backend/native.js';
+import { capabilities } from '../src/index.js';
+import { expectNoLeaks } from './helpers/leaks.js';
+
+expectNoLeaks();
+
+const root = join(import.meta.dirname, '..');
+const dist = join(root, 'dist', 'index.js');
+
+/** Loads the built package in a fresh node with the given env; returns capabilities() or the load error. */
+function loadWith(env: Record<string, string>): { caps?: Record<string, unknown>; error?: { code: string; message: string } } {
+  const script = `import(${JSON.stringify(dist)}).then((c) => console.log(JSON.stringify({ caps: c.capabilities() })), (e) => console.log(JSON.stringify({ error: { code: e.code, message: e.message } })))`;
+  const out = execFileSync(process.execPath, ['-e', script], { env: { ...process.env, ...env }, encoding: 'utf8' });
+  return JSON.parse(out);
+}
+
+describe(`backend selection (${backend.name})`, () => {
+  it('uses the backend CUSTODY_BACKEND names, and native by default on Linux', () => {
+    expect(capabilities().backend).toBe(backend.name);
+    if (process.platform === 'linux') {
+      // This repository's CI builds the addon: a silent fallback here would hide a broken build.
+      const def = loadWith({ CUSTODY_BACKEND: '' });
+      expect(def.caps?.backend, String(def.caps?.reason)).toBe('native');
+    }
+  });
+
+  it('says which guarantees hold on each backend', () => {
+    const caps = capabilities();
+    if (caps.backend === 'native') {
+      expect(caps).toMatchObject({ pidfd: true, raceFreeSignals: true, raceFreeIdentity: true, spawnWithPidfd: true, proc: true });
+      expect(caps.reason).toBeUndefined();
+    } else {
+      expect(caps).toMatchObject({ pidfd: false, pidfsId: false, raceFreeSignals: false, exitInfoOfNonChildren: false });
+      expect(caps.reason).toMatch(/CUSTODY_BACKEND=js/);
+    }
+  });
+
+  it('falls back to js and says why when the addon cannot load', () => {
+    const r = loadWith({ CUSTODY_BACKEND: '', CUSTODY_ADDON_PATH: '/nonexistent/custody.node' });
+    expect(r.caps?.backend).toBe('js');
+    expect(r.caps?.reason).toMatch(/native addon did not load/);
+  });
+
+  it('refuses a forced native backend it cannot provide, and a backend name it does not know', () => {
+    expect(loadWith({ CUSTODY_BACKEND: 'native', CUSTODY_ADDON_PATH: '/nonexistent/custody.node' }).error?.code).toBe('ERR_CUSTODY_UNSUPPORTED');
+    expect(loadWith({ CUSTODY_BACKEND: 'fast' }).error?.code).toBe('ERR_CUSTODY_INVALID_ARG');
+  });
+
+  it.skipIf(backend.name !== 'native')('closes every pidfd a worker thread left open when the worker goes away', async () => {
+    const count = () => readdirSync('/proc/self/fd').length;
+    const before = count();
+    const worker = new Worker(
+      `import(${JSON.stringify(dist)}).then(async (c) => {
+         const { parentPort } = await import('node:worker_threads');
+         const kids = Array.from({ length: 5 }, () => c.spawn('sleep', ['30']));
+         const opened = kids.map((k) => c.open(k.pid));
+         parentPort.postMessage(kids.map((k) => k.pid));
+         void opened;
+       });`,
+      { eval: true, env: { ...process.env, CUSTODY_BACKEND: 'native' } },
+    );
+    const pids: number[] = await new Promise((r) => worker.once('message', r));
+    expect(count()).toBeGreaterThanOrEqual(before + 10);
+    await worker.terminate();
+    expect(count()).toBe(before);
+    // The children outlive the worker and are this process's children:
+    // nobody watches them any more, so end and reap them here.
+    const addon = (backend as NativeBackend).addon;
+    for (const pid of pids) {
+      const fd = addon.pidfdOpen(pid);
+      addon.pidfdSendSignal(fd, 9);
+      addon.waitid(fd, addon.constants.WEXITED);
+      addon.close(fd);
+    }
+  });
+});

@@ -1,0 +1,130 @@
+/**
+ * Real processes for tests, made without custody so that what custody reads
+ * can be compared with what was independently set up.
+ */
+import { spawn as cpSpawn, type ChildProcess, execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+
+export const MARKER = `custody-test-${randomBytes(4).toString('hex')}`;
+
+export function tmpDir(prefix = 'custody-'): { path: string; cleanup: () => void } {
+  const path = mkdtempSync(join(tmpdir(), prefix));
+  return { path, cleanup: () => rmSync(path, { recursive: true, force: true }) };
+}
+
+/** A child_process child that sleeps; argv carries the marker. */
+export function sleeper(seconds = 60, extra: string[] = []): ChildProcess {
+  return cpSpawn('sleep', [String(seconds), ...extra], { stdio: 'ignore', argv0: 'sleep' });
+}
+
+export async function waitFor<T>(fn: () => T | undefined | null | false, ms = 5000, what = 'condition'): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+export function exited(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((r) => child.once('exit', () => r()));
+}
+
+export async function killAndWait(child: ChildProcess): Promise<void> {
+  if (child.exitCode === null && child.signalCode === null) {
+    child.kill('SIGKILL');
+    await exited(child);
+  }
+}
+
+export function procStat(pid: number): string[] | null {
+  try {
+    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return text.slice(text.lastIndexOf(')') + 2).trim().split(' ');
+  } catch {
+    return null;
+  }
+}
+
+export function isGone(pid: number): boolean {
+  const st = procStat(pid);
+  return st === null || st[0] === 'Z';
+}
+
+/** An unused pid: no /proc entry now. */
+export function unusedPid(): number {
+  const max = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8'));
+  for (let p = max - 1; p > 1; p--) if (!existsSync(`/proc/${p}`)) return p;
+  throw new Error('no free pid');
+}
+
+/**
+ * A python process that logs every catchable signal it receives to `log`,
+ * one name a line, and optionally ignores SIGTERM (logging it all the same).
+ * Prints "ready" on stdout once its handlers are in place.
+ */
+export const SIGNAL_LOGGER = `
+import os, signal, sys, time
+log, ignore_term = sys.argv[1], sys.argv[2] == '1'
+def handler(num, frame):
+    with open(log, 'a') as f:
+        f.write(signal.Signals(num).name + '\\n')
+    if num == signal.SIGTERM and not ignore_term:
+        os._exit(143)
+for s in signal.valid_signals():
+    if s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+        continue
+    try:
+        signal.signal(s, handler)
+    except (OSError, ValueError, RuntimeError):
+        pass
+print('ready', flush=True)
+while True:
+    time.sleep(3600)
+`;
+
+export function signalLoggerArgs(log: string, ignoreTerm: boolean, marker = MARKER): string[] {
+  return ['-c', SIGNAL_LOGGER, log, ignoreTerm ? '1' : '0', marker];
+}
+
+export function loggedSignals(log: string): string[] {
+  try {
+    return readFileSync(log, 'utf8').split('\n').filter(Boolean);
+  } catch {
+    return [];
+  }
+}
+
+export function isRoot(): boolean {
+  return process.getuid?.() === 0;
+}
+
+export function hasUnshare(): boolean {
+  try {
+    execFileSync('unshare', ['--pid', '--fork', '--mount-proc', 'true'], { stdio: 'ignore', timeout: 5000 });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Resolves once a signal logger has printed its whole "ready" line; keeps draining after. */
+export function untilReady(stream: NodeJS.ReadableStream): Promise<void> {
+  return new Promise((resolve) => {
+    let seen = '';
+    const onData = (d: Buffer | string) => {
+      seen += String(d);
+      if (seen.includes('ready\n')) {
+        stream.off('data', onData);
+        stream.resume();
+        resolve();
+      }
+    };
+    stream.on('data', onData);
+  });
+}

@@ -15,6 +15,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <linux/types.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +41,31 @@
 #ifndef PIDFS_MAGIC
 #define PIDFS_MAGIC 0x50494446  // pidfds live on pidfs since Linux 6.9
 #endif
+
+// PIDFD_GET_INFO (Linux 6.13; PIDFD_INFO_EXIT since 6.15). Defined here
+// because build machines' headers are older. The ioctl is extensible: the
+// kernel copies at most the size we pass, so this 64-byte first version works
+// on every kernel that has the ioctl.
+struct custody_pidfd_info {
+  __u64 mask;
+  __u64 cgroupid;
+  __u32 pid;
+  __u32 tgid;
+  __u32 ppid;
+  __u32 ruid;
+  __u32 rgid;
+  __u32 euid;
+  __u32 egid;
+  __u32 suid;
+  __u32 sgid;
+  __u32 fsuid;
+  __u32 fsgid;
+  __s32 exit_code;
+};
+#define CUSTODY_PIDFD_GET_INFO _IOWR(0xFF, 11, struct custody_pidfd_info)
+#define CUSTODY_PIDFD_INFO_PID (1ULL << 0)
+#define CUSTODY_PIDFD_INFO_CREDS (1ULL << 1)
+#define CUSTODY_PIDFD_INFO_EXIT (1ULL << 3)
 
 namespace custody {
 

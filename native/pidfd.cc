@@ -13,29 +13,6 @@
 
 namespace custody {
 
-// PIDFD_GET_INFO (Linux 6.13; PIDFD_INFO_EXIT since 6.15). Defined here
-// because build machines' headers are older. The ioctl is extensible: the
-// kernel copies at most the size we pass, so this 64-byte first version works
-// on every kernel that has the ioctl.
-struct custody_pidfd_info {
-  __u64 mask;
-  __u64 cgroupid;
-  __u32 pid;
-  __u32 tgid;
-  __u32 ppid;
-  __u32 ruid;
-  __u32 rgid;
-  __u32 euid;
-  __u32 egid;
-  __u32 suid;
-  __u32 sgid;
-  __u32 fsuid;
-  __u32 fsgid;
-  __s32 exit_code;
-};
-#define CUSTODY_PIDFD_GET_INFO _IOWR(0xFF, 11, struct custody_pidfd_info)
-#define CUSTODY_PIDFD_INFO_PID (1ULL << 0)
-#define CUSTODY_PIDFD_INFO_EXIT (1ULL << 3)
 
 // One uv_poll on a pidfd. A pidfd polls readable once the whole thread group
 // has exited; the watcher fires once and stops itself. The pidfd stays owned

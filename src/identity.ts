@@ -13,13 +13,13 @@ export function toIdentity(pid: number, raw: RawIdentity, bootId: string): Proce
   return {
     pid,
     bootId,
-    startTicks: raw.stat.startTicks,
+    startTicks: raw.startTicks,
     exe: raw.exe,
     pidfsId: raw.pidfsId,
     argv: raw.argv,
     uid: raw.uid,
-    ppid: raw.stat.ppid,
-    state: raw.stat.state,
+    ppid: raw.ppid,
+    state: raw.state,
   };
 }
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/vfs.h>
@@ -157,30 +158,47 @@ struct bufs {
   struct buf text, cmdline;
 };
 
+// PIDFD_GET_INFO, as native/common.h defines it (Linux 6.13).
+struct pidfd_info_v0 {
+  unsigned long long mask, cgroupid;
+  unsigned int pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
+  int exit_code;
+};
+#define PIDFD_GET_INFO_V0 _IOWR(0xFF, 11, struct pidfd_info_v0)
+#define PIDFD_INFO_CREDS_BIT (1ULL << 1)
+
 // One inspect(pid): the sequence of Inspect() in proc.cc, step for step.
 static void inspect(int pid, const char* dir, struct bufs* b, struct identity* id) {
+  char path[64];
   int pidfd = (int)syscall(__NR_pidfd_open, pid, 0);
   if (pidfd == -1) die("pidfd_open");
 
-  int dirfd;
-  do dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  while (dirfd == -1 && errno == EINTR);
-  if (dirfd == -1) die("open");
-
-  int err = read_at(dirfd, "stat", &b->text);
+  snprintf(path, sizeof path, "%s/stat", dir);
+  int err = read_at(AT_FDCWD, path, &b->text);
   if (err != 0) errno = err, die("read stat");
   if (parse_stat(b->text.data, b->text.len, id) != 0) errno = EPROTO, die("parse stat");
 
-  err = read_at(dirfd, "cmdline", &b->cmdline);
+  snprintf(path, sizeof path, "%s/cmdline", dir);
+  err = read_at(AT_FDCWD, path, &b->cmdline);
   if (err != 0) errno = err, die("read cmdline");
   id->argc = count_argv(b->cmdline.data, b->cmdline.len);
 
-  err = read_at(dirfd, "status", &b->text);
-  if (err != 0) errno = err, die("read status");
-  id->uid = parse_status_uid(b->text.data);
+  // The real uid from the pidfd (Linux 6.13), else from status.
+  struct pidfd_info_v0 pi;
+  memset(&pi, 0, sizeof pi);
+  pi.mask = PIDFD_INFO_CREDS_BIT;
+  if (ioctl(pidfd, PIDFD_GET_INFO_V0, &pi) == 0 && (pi.mask & PIDFD_INFO_CREDS_BIT)) {
+    id->uid = pi.ruid;
+  } else {
+    snprintf(path, sizeof path, "%s/status", dir);
+    err = read_at(AT_FDCWD, path, &b->text);
+    if (err != 0) errno = err, die("read status");
+    id->uid = parse_status_uid(b->text.data);
+  }
 
   struct stat exe_st;
-  id->has_exe = fstatat(dirfd, "exe", &exe_st, 0) == 0;
+  snprintf(path, sizeof path, "%s/exe", dir);
+  id->has_exe = stat(path, &exe_st) == 0;
   if (id->has_exe) {
     id->exe_dev = (unsigned long long)exe_st.st_dev;
     id->exe_ino = (unsigned long long)exe_st.st_ino;
@@ -194,8 +212,6 @@ static void inspect(int pid, const char* dir, struct bufs* b, struct identity* i
 
   if (syscall(__NR_pidfd_send_signal, pidfd, 0, NULL, 0) == -1 && errno == ESRCH) die("pidfd_send_signal");
 
-  // The addon's RAII guards close in reverse order of opening.
-  close(dirfd);
   close(pidfd);
 }
 

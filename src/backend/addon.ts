@@ -7,14 +7,8 @@ import { fileURLToPath } from 'node:url';
 import type { ProcEntry } from './types.js';
 import type { StatFields } from '../proc.js';
 
-export interface AddonInspect {
-  stat: StatFields;
-  argv: string[];
-  uid: number;
-  exe: { dev: number; ino: number } | null;
-  pidfsId: string | null;
-  pidfd?: number;
-}
+/** [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, ...argv]; -1 for no exe / no kept pidfd. */
+export type AddonInspect = [string, number, number, number, number, number, string | null, number, ...string[]];
 
 export interface NativeAddon {
   close(fd: number): void;

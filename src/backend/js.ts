@@ -253,12 +253,12 @@ export class JsBackend implements Backend {
     }
     // Detect (cannot prevent) a pid that changed owner during the reads.
     if (readStartTicks(pid, procRoot) !== stat.startTicks) throw esrch(pid, 'read');
-    return { stat, argv, uid, exe, pidfsId: null };
+    return { state: stat.state, ppid: stat.ppid, startTicks: stat.startTicks, argv, uid, exe, pidfsId: null };
   }
 
   inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
     const raw = this.inspect(pid);
-    return { raw, ref: new JsPidRef(pid, raw.stat.startTicks) };
+    return { raw, ref: new JsPidRef(pid, raw.startTicks) };
   }
 
   bootId(): string {

@@ -8,7 +8,7 @@ import { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
-import type { NativeAddon } from './addon.js';
+import type { AddonInspect, NativeAddon } from './addon.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
 
 // siginfo si_code values for a child's end (CLD_*).
@@ -162,6 +162,18 @@ export class NativePidRef implements PidRef {
   }
 }
 
+function fromAddon(r: AddonInspect): RawIdentity {
+  return {
+    state: r[0],
+    ppid: r[1],
+    startTicks: r[2],
+    uid: r[3],
+    exe: r[4] < 0 ? null : { dev: r[4], ino: r[5] },
+    pidfsId: r[6],
+    argv: r.slice(8) as string[],
+  };
+}
+
 export class NativeBackend implements Backend {
   readonly name = 'native' as const;
   #addon: NativeAddon;
@@ -182,14 +194,12 @@ export class NativeBackend implements Backend {
   }
 
   inspect(pid: number, procRoot?: string): RawIdentity {
-    const r = this.#addon.inspect(pid, procRoot, false);
-    return { stat: r.stat, argv: r.argv, uid: r.uid, exe: r.exe, pidfsId: r.pidfsId };
+    return fromAddon(this.#addon.inspect(pid, procRoot, false));
   }
 
   inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
     const r = this.#addon.inspect(pid, undefined, true);
-    const raw = { stat: r.stat, argv: r.argv, uid: r.uid, exe: r.exe, pidfsId: r.pidfsId };
-    return { raw, ref: new NativePidRef(this.#addon, pid, r.pidfd!, 'other', this.#caps.exitInfoOfNonChildren) };
+    return { raw: fromAddon(r), ref: new NativePidRef(this.#addon, pid, r[7], 'other', this.#caps.exitInfoOfNonChildren) };
   }
 
   bootId(): string {

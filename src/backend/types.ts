@@ -4,12 +4,13 @@
  * process.kill and fs reads of /proc. Policy never lives here.
  */
 import type { Readable, Writable } from 'node:stream';
-import type { StatFields } from '../proc.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 
 /** What one inspection of /proc/<pid> yields, before policy adds the boot id. */
 export interface RawIdentity {
-  stat: StatFields;
+  state: string;
+  ppid: number;
+  startTicks: number;
   argv: string[];
   uid: number;
   exe: { dev: number; ino: number } | null;

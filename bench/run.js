@@ -19,6 +19,7 @@ import { benchDir, machineInfo } from './lib.js';
 // Adding a bench is adding its module here.
 const BENCHES = [
   './identity.js',
+  './spawn.js',
 ];
 
 const quick = process.argv.includes('--quick');

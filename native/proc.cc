@@ -144,7 +144,7 @@ int ReadPath(const std::string& path, std::string* out) {
 }
 
 // inspect(pid, procRoot, keepPidfd) ->
-//   [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, ...argv]
+//   [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, ...argv]
 // A flat array: building it costs a fraction of an object with named keys,
 // and inspect is the hot path of every confirm, verify and sweep. exeDev and
 // exeIno are -1 when there is no readable exe; pidfsId is null off pidfs;
@@ -234,6 +234,7 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
   } else {
     out.Set(i++, Napi::Number::New(env, -1));
   }
+  out.Set(i++, Napi::Number::New(env, static_cast<double>(st.session)));
   size_t start = 0;
   while (start < cmdline.size()) {
     size_t nul = cmdline.find('\0', start);

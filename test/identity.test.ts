@@ -178,7 +178,7 @@ describe(`verify (${backend.name})`, () => {
   });
 
   it('mismatch on argv when the same program is exec()d with other arguments', async () => {
-    const child = cpSpawn('sh', ['-c', 'read line; exec sh -c "sleep 30; :" second'], { stdio: ['pipe', 'ignore', 'ignore'] });
+    const child = cpSpawn('sh', ['-c', 'read line; exec sh -c "read more" second'], { stdio: ['pipe', 'ignore', 'ignore'] });
     children.push(child);
     await waitFor(() => procStat(child.pid!)?.[0] === 'S', 5000, 'sh');
     const before = inspect(child.pid!);

@@ -7,8 +7,8 @@ import { fileURLToPath } from 'node:url';
 import type { ProcEntry } from './types.js';
 import type { StatFields } from '../proc.js';
 
-/** [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, ...argv]; -1 for no exe / no kept pidfd. */
-export type AddonInspect = [string, number, number, number, number, number, string | null, number, ...string[]];
+/** [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, ...argv]; -1 for no exe / no kept pidfd. */
+export type AddonInspect = [string, number, number, number, number, number, string | null, number, number, ...string[]];
 
 export interface NativeAddon {
   close(fd: number): void;
@@ -28,7 +28,7 @@ export interface NativeAddon {
   parseStat(text: string): StatFields | null;
   inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
   readBootId(path?: string): string;
-  listProcesses(procRoot?: string): Array<ProcEntry & { comm: string; pgrp: number; session: number }>;
+  listProcesses(procRoot?: string): Array<ProcEntry & { comm: string }>;
   spawn(
     file: string,
     argv: string[],

@@ -253,7 +253,7 @@ export class JsBackend implements Backend {
     }
     // Detect (cannot prevent) a pid that changed owner during the reads.
     if (readStartTicks(pid, procRoot) !== stat.startTicks) throw esrch(pid, 'read');
-    return { state: stat.state, ppid: stat.ppid, startTicks: stat.startTicks, argv, uid, exe, pidfsId: null };
+    return { state: stat.state, ppid: stat.ppid, session: stat.session, startTicks: stat.startTicks, argv, uid, exe, pidfsId: null };
   }
 
   inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
@@ -279,7 +279,7 @@ export class JsBackend implements Backend {
         } catch {
           /* vanished */
         }
-        out.push({ pid: stat.pid, ppid: stat.ppid, uid, state: stat.state, startTicks: stat.startTicks, argv });
+        out.push({ pid: stat.pid, ppid: stat.ppid, pgrp: stat.pgrp, session: stat.session, uid, state: stat.state, startTicks: stat.startTicks, argv });
       } catch {
         /* vanished mid-scan */
       }

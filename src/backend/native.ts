@@ -170,7 +170,8 @@ function fromAddon(r: AddonInspect): RawIdentity {
     uid: r[3],
     exe: r[4] < 0 ? null : { dev: r[4], ino: r[5] },
     pidfsId: r[6],
-    argv: r.slice(8) as string[],
+    session: r[8],
+    argv: r.slice(9) as string[],
   };
 }
 

@@ -10,6 +10,8 @@ import type { Capabilities, ExitStatus } from '../types.js';
 export interface RawIdentity {
   state: string;
   ppid: number;
+  /** Session id: the members of a session we created with setsid are ours. */
+  session: number;
   startTicks: number;
   argv: string[];
   uid: number;
@@ -21,6 +23,8 @@ export interface RawIdentity {
 export interface ProcEntry {
   pid: number;
   ppid: number;
+  pgrp: number;
+  session: number;
   uid: number;
   state: string;
   startTicks: number;

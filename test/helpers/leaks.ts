@@ -65,6 +65,25 @@ export function processesWithMarker(marker: string): Proc[] {
   return processTable().filter((p) => p.cmd.includes(marker) && p.pid !== process.pid);
 }
 
+/**
+ * Every process this test worker starts inherits this variable (unless a
+ * test gives a child an environment of its own), so a stray that double
+ * forked away to init is still found by its environment.
+ */
+const ENV_MARKER = `CUSTODY_LEAK_MARKER=${process.pid}-${Date.now()}`;
+process.env.CUSTODY_LEAK_MARKER = ENV_MARKER.split('=')[1];
+
+export function processesWithEnvMarker(): Proc[] {
+  return processTable().filter((p) => {
+    if (p.pid === process.pid) return false;
+    try {
+      return readFileSync(`/proc/${p.pid}/environ`, 'latin1').split('\0').includes(ENV_MARKER);
+    } catch {
+      return false;
+    }
+  });
+}
+
 async function settle(check: () => boolean, ms = 3000): Promise<void> {
   const deadline = Date.now() + ms;
   while (!check() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
@@ -84,8 +103,13 @@ export function expectNoLeaks(options: { marker?: string } = {}): void {
   });
   afterAll(async () => {
     // Exits and closes are asynchronous: give in-flight reaps a moment.
-    const strays = () =>
-      descendantsOf(process.pid).filter((p) => !childrenBefore.has(p.pid)).concat(options.marker ? processesWithMarker(options.marker) : []);
+    const strays = () => {
+      const found = new Map<number, Proc>();
+      for (const p of descendantsOf(process.pid)) if (!childrenBefore.has(p.pid)) found.set(p.pid, p);
+      for (const p of processesWithEnvMarker()) if (!childrenBefore.has(p.pid)) found.set(p.pid, p);
+      if (options.marker) for (const p of processesWithMarker(options.marker)) found.set(p.pid, p);
+      return [...found.values()];
+    };
     const leakedFds = () => [...openFds()].filter(([fd, target]) => fdsBefore.get(fd) !== target);
     await settle(() => strays().length === 0 && leakedFds().length === 0);
     const left = strays();

@@ -1,0 +1,231 @@
+/**
+ * Recovery after a restart. Every manifest ends in exactly one of adopted,
+ * repaired, cleaned or quarantined, with a reason and, where a field
+ * decided, the field. Nothing unproven is ever signalled: quarantine only
+ * records.
+ */
+import { statSync } from 'node:fs';
+import { backend, capabilities } from './backend/index.js';
+import { BadManifestError } from './errors.js';
+import { ProcessHandle } from './handle.js';
+import { toIdentity, verify } from './identity.js';
+import { carries, removePaths, tokenCarriers } from './launch.js';
+import type { Manifest } from './store.js';
+import type { Supervisor } from './supervisor.js';
+import type { ProcessIdentity } from './types.js';
+
+export interface RecoveryEntry {
+  id: string;
+  pid?: number;
+  reason?: string;
+  field?: string;
+}
+
+export interface RecoveryReport {
+  adopted: RecoveryEntry[];
+  repaired: RecoveryEntry[];
+  cleaned: RecoveryEntry[];
+  quarantined: RecoveryEntry[];
+}
+
+type Pinned = { identity: ProcessIdentity; handle: ProcessHandle };
+
+function pin(pid: number): Pinned | null {
+  try {
+    const { raw, ref } = backend.inspectPinned(pid);
+    return { identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) };
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ESRCH' || code === 'ENOENT') return null;
+    throw err;
+  }
+}
+
+/** What makes a live process provably this instance's, beyond its recorded identity. */
+function ownershipProblem(m: Manifest, live: ProcessIdentity): { reason: string; field: string } | null {
+  if (live.pid === 1 || live.pid === process.pid) return { reason: 'unprovable', field: 'pid' };
+  const uid = process.getuid?.();
+  if (uid !== undefined && live.uid !== uid) return { reason: 'unprovable', field: 'uid' };
+  if (!live.argv.some((a) => a.includes(m.token))) return { reason: 'mismatch', field: 'token' };
+  return null;
+}
+
+function exeMatches(m: Manifest, live: ProcessIdentity): boolean {
+  if (!m.executable) return true;
+  try {
+    const st = statSync(m.executable);
+    return live.exe !== null && live.exe.dev === st.dev && live.exe.ino === st.ino;
+  } catch {
+    return false;
+  }
+}
+
+export async function recover(sup: Supervisor): Promise<RecoveryReport> {
+  const report: RecoveryReport = { adopted: [], repaired: [], cleaned: [], quarantined: [] };
+  // A read error other than ENOENT propagates: open() fails and the next open retries.
+  if (!sup.store.exists()) return report;
+  const ids = sup.store.ids();
+  const provable = capabilities().proc;
+  const emit = sup.emit;
+
+  const quarantine = (id: string, m: Manifest | null, reason: string, field?: string, persist = true) => {
+    const pid = m?.identity?.pid;
+    if (m && persist && m.state !== 'quarantined') {
+      const q: Manifest = { ...m, state: 'quarantined', quarantine: { reason, ...(field ? { field } : {}), at: new Date().toISOString() }, updatedAt: new Date().toISOString() };
+      try {
+        sup.store.write(q);
+        m = q;
+      } catch (err) {
+        emit('warning', { id, message: `could not persist the quarantine of ${id}: ${(err as Error).message}` });
+      }
+    }
+    sup.quarantine(id, m, reason, field);
+    const entry: RecoveryEntry = { id, ...(pid ? { pid } : {}), reason, ...(field ? { field } : {}) };
+    report.quarantined.push(entry);
+    emit('quarantine', { ...entry, message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled` });
+  };
+
+  const clean = (m: Manifest, reason: string, pid?: number) => {
+    removePaths(m.paths);
+    sup.store.remove(m.id);
+    const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
+    report.cleaned.push(entry);
+    emit('clean', { ...entry, message: `${m.id}: ${reason}; state cleaned, nothing signalled` });
+  };
+
+  for (const id of ids) {
+    if (sup.table.has(id)) continue;
+    let m: Manifest;
+    try {
+      m = sup.store.read(id);
+    } catch (err) {
+      if (!(err instanceof BadManifestError)) throw err;
+      // Kept on disk for the operator; never deleted, never fatal to the others.
+      quarantine(id, null, 'bad-manifest', undefined, false);
+      report.quarantined[report.quarantined.length - 1]!.field = err.message;
+      continue;
+    }
+    if (m.state === 'quarantined') {
+      quarantine(id, m, m.quarantine?.reason ?? 'quarantined', m.quarantine?.field);
+      continue;
+    }
+    if (!provable) {
+      if (!sup.options.allowUnprovable || m.state !== 'running') {
+        quarantine(id, m, 'unprovable');
+        continue;
+      }
+      const handle = unprovenHandle(m.identity!.pid);
+      sup.track(m, handle);
+      report.adopted.push({ id, pid: m.identity!.pid, reason: 'unprovable' });
+      emit('warning', { id, pid: m.identity!.pid, message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)` });
+      continue;
+    }
+    if (m.state === 'starting') {
+      recoverStarting(sup, m, report, clean);
+      continue;
+    }
+    const recorded = m.identity!;
+    const live = recorded.pid === process.pid ? null : pin(recorded.pid);
+    if (recorded.pid === process.pid) {
+      quarantine(id, m, 'unprovable', 'pid');
+      continue;
+    }
+    const v = verify(recorded, live?.identity ?? null);
+    switch (v.verdict) {
+      case 'gone':
+      case 'rebooted':
+        live?.handle.close();
+        clean(m, v.verdict, recorded.pid);
+        break;
+      case 'unrecorded':
+      case 'reused':
+        live?.handle.close();
+        quarantine(id, m, v.verdict, v.field);
+        break;
+      case 'mismatch': {
+        const l = live!;
+        const problem = ownershipProblem(m, l.identity);
+        const provenByArgv = problem === null && m.paths.every((p) => l.identity.argv.some((a) => a.includes(p))) && exeMatches(m, l.identity);
+        if (!provenByArgv) {
+          l.handle.close();
+          quarantine(id, m, 'mismatch', v.field);
+          break;
+        }
+        // Same start ticks, the token and the declared paths in its argv: ours.
+        const repaired: Manifest = { ...m, identity: { ...l.identity, startTicks: recorded.startTicks }, updatedAt: new Date().toISOString() };
+        sup.store.write(repaired);
+        sup.track(repaired, l.handle);
+        report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
+        emit('repair', { id, pid: recorded.pid, field: v.field, message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten` });
+        break;
+      }
+      case 'ok': {
+        const l = live!;
+        const problem = ownershipProblem(m, l.identity);
+        if (problem) {
+          l.handle.close();
+          quarantine(id, m, problem.reason, problem.field);
+          break;
+        }
+        sup.track(m, l.handle);
+        report.adopted.push({ id, pid: recorded.pid });
+        emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
+        break;
+      }
+    }
+  }
+  return report;
+}
+
+/** A supervisor died mid-launch: find the process by its token, or clean. */
+function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => void): void {
+  const candidates: Pinned[] = [];
+  for (const pid of tokenCarriers(m.token)) {
+    const p = pin(pid);
+    if (!p) continue;
+    if (p.identity.state !== 'Z' && carries(p.identity.argv, m.token, m.expect) && exeMatches(m, p.identity) && !ownershipProblem(m, p.identity)) {
+      candidates.push(p);
+    } else {
+      p.handle.close();
+    }
+  }
+  // A launcher and its target may both carry the token: the target is the
+  // one that is not the parent of another candidate.
+  const parents = new Set(candidates.map((c) => c.identity.ppid));
+  const leaves = candidates.filter((c) => !parents.has(c.identity.pid));
+  for (const c of candidates) if (c !== leaves[0]) c.handle.close();
+  const chosen = leaves[0];
+  if (!chosen) {
+    clean(m, 'gone');
+    return;
+  }
+  const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
+  sup.store.write(running);
+  sup.track(running, chosen.handle);
+  report.adopted.push({ id: m.id, pid: chosen.identity.pid, reason: 'starting' });
+  sup.emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found by its token and adopted` });
+}
+
+/** Off Linux: a handle that can only use process.kill (allowUnprovable). */
+function unprovenHandle(pid: number): ProcessHandle {
+  let status: { code: null; signal: null } | undefined;
+  const ref = {
+    pid,
+    signal(signo: number) {
+      try {
+        process.kill(pid, signo);
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    exited: new Promise<{ code: null; signal: null }>(() => {}),
+    get exitStatus() {
+      return status;
+    },
+    ref() {},
+    unref() {},
+    close() {},
+  };
+  return new ProcessHandle(ref, { identity: null, spawned: false });
+}

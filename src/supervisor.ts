@@ -1,0 +1,437 @@
+/**
+ * The Supervisor: launch, stop, list, release and close over a state dir,
+ * with recovery run once when it opens. One supervisor holds a state dir at
+ * a time.
+ */
+import { randomBytes } from 'node:crypto';
+import { statSync } from 'node:fs';
+import { AbortError, CustodyError, InvalidArgError, QuarantinedError } from './errors.js';
+import { emitter, type Emit, type EventSink } from './events.js';
+import { ProcessHandle, resolveExecutable } from './handle.js';
+import {
+  abandon,
+  confirm,
+  obtainPid,
+  removePaths,
+  startChild,
+  waitReady,
+  type Attempt,
+  type Instance,
+  type LaunchSpec,
+} from './launch.js';
+import { recover, type RecoveryReport } from './recover.js';
+import { assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
+import { terminate } from './terminate.js';
+import { TIMED_OUT, within } from './timing.js';
+import type { ExitStatus } from './types.js';
+import { assertDuration, assertStringArray } from './validate.js';
+
+export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined';
+
+export interface InstanceInfo {
+  id: string;
+  status: InstanceStatus;
+  pid: number | null;
+  reason?: string;
+  field?: string;
+  exit?: ExitStatus;
+}
+
+export interface SupervisorOptions {
+  stateDir: string;
+  /** Receives every event; also published on diagnostics_channel `custody:<type>`. Warnings never get lost: without a sink they become process warnings. */
+  onEvent?: EventSink;
+  /** Off Linux or without /proc ownership cannot be proven: adopt anyway (a warning each time) instead of quarantining. */
+  allowUnprovable?: boolean;
+  /** Keep the event loop alive while supervised processes run. Default false: they are detached daemons. */
+  keepAlive?: boolean;
+}
+
+export interface StopOptions {
+  /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
+  graceMs?: number;
+  /** Ask the process to stop its own way (e.g. a VM powerdown over its control socket). Bounded by graceMs. */
+  graceful?: (instance: Instance, signal: AbortSignal) => Promise<void>;
+  /** After a graceful hook, how long SIGTERM may take before SIGKILL. Default 2000. */
+  termGraceMs?: number;
+  signal?: AbortSignal;
+}
+
+export interface StopResult {
+  outcome: 'exited' | 'already-gone';
+  escalated: boolean;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+interface Tracked {
+  id: string;
+  status: InstanceStatus;
+  manifest: Manifest | null;
+  handle: ProcessHandle | null;
+  instance: Instance | null;
+  reason?: string;
+  field?: string;
+  exit?: ExitStatus;
+  stopping?: Promise<StopResult>;
+}
+
+export class Supervisor {
+  readonly stateDir: string;
+  /** @internal */ readonly store: StateStore;
+  /** @internal */ readonly emit: Emit;
+  /** @internal */ readonly options: SupervisorOptions;
+  /** @internal */ readonly table = new Map<string, Tracked>();
+  #busy = new Set<string>();
+  #closed = false;
+  #recovered = false;
+
+  private constructor(options: SupervisorOptions, store: StateStore) {
+    this.options = options;
+    this.stateDir = options.stateDir;
+    this.store = store;
+    this.emit = emitter(options.onEvent);
+  }
+
+  /**
+   * Opens the state dir (creating it 0700), takes its lock, and recovers
+   * every manifest in it before resolving: { supervisor, report }.
+   */
+  static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
+    if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
+    if (options.onEvent !== undefined && typeof options.onEvent !== 'function') throw new InvalidArgError('onEvent must be a function');
+    const store = new StateStore(options.stateDir);
+    store.lock();
+    const sup = new Supervisor(options, store);
+    try {
+      const report = await sup.recover();
+      return { supervisor: sup, report };
+    } catch (err) {
+      sup.#releaseAll();
+      throw err;
+    }
+  }
+
+  /**
+   * Recovers manifests that no tracked instance owns. Runs once when the
+   * supervisor opens; calling it again only looks at manifests that appeared
+   * since (instances already tracked are skipped).
+   */
+  async recover(): Promise<RecoveryReport> {
+    this.#assertOpen();
+    const report = await recover(this);
+    this.#recovered = true;
+    return report;
+  }
+
+  /** @internal: registers an adopted or launched process and watches its exit. */
+  track(manifest: Manifest, handle: ProcessHandle): Instance {
+    const identity = manifest.identity!;
+    const instance: Instance = { id: manifest.id, pid: handle.pid, token: manifest.token, identity, exited: handle.exited };
+    const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance };
+    this.table.set(manifest.id, t);
+    if (!this.options.keepAlive) handle.unref();
+    void handle.exited.then((status) => this.#onExit(t, status));
+    return instance;
+  }
+
+  /** @internal */
+  quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
+    this.table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
+  }
+
+  #onExit(t: Tracked, status: ExitStatus): void {
+    if (this.table.get(t.id) !== t || t.stopping || this.#closed) return;
+    t.status = 'exited';
+    t.exit = status;
+    this.emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
+    // Proven gone (its pidfd said so): stale sockets and state go with it.
+    if (t.manifest) removePaths(t.manifest.paths);
+    try {
+      this.store.remove(t.id);
+    } catch (err) {
+      this.emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
+    }
+  }
+
+  /** Launches, confirms, waits until ready, then records the identity. Retries up to `attempts`, abandoning each failure cleanly. */
+  async launch(spec: LaunchSpec): Promise<Instance> {
+    this.#assertOpen();
+    validateSpec(spec);
+    const { id } = spec;
+    const existing = this.table.get(id);
+    if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
+    if (this.#busy.has(id) || existing?.status === 'running' || existing?.status === 'starting') {
+      throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing?.status ?? 'launching'}`);
+    }
+    this.#busy.add(id);
+    if (existing?.status === 'exited') this.table.delete(id);
+    const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null };
+    this.table.set(id, placeholder);
+    try {
+      const attempts = spec.attempts ?? 1;
+      let lastError: unknown;
+      for (let n = 1; n <= attempts; n++) {
+        if (spec.signal?.aborted) throw new AbortError(spec.signal.reason);
+        try {
+          return await this.#attempt(spec, n);
+        } catch (err) {
+          lastError = err;
+          if (err instanceof AbortError || err instanceof InvalidArgError) throw err;
+          if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `retrying after: ${(err as Error).message}` });
+        }
+      }
+      throw lastError;
+    } finally {
+      this.#busy.delete(id);
+      if (this.table.get(id) === placeholder) this.table.delete(id);
+    }
+  }
+
+  async #attempt(spec: LaunchSpec, attemptNo: number): Promise<Instance> {
+    const token = randomBytes(16).toString('hex');
+    const argv = typeof spec.args === 'function' ? spec.args(token) : spec.args;
+    assertStringArray(argv, 'args');
+    if (!argv.some((a) => a.includes(token))) {
+      throw new InvalidArgError(`args of ${spec.id} must carry the launch token: pass args as a function of the token`);
+    }
+    const pidSpec = spec.pid ?? 'child';
+    const pidFile = typeof pidSpec === 'object' ? pidSpec.file : null;
+    const paths = [...(spec.paths ?? [])];
+    if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);
+    if (pidFile) paths.push(pidFile);
+    const executable = spec.executable ? statSync(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd)) : null;
+    const now = new Date().toISOString();
+    const manifest: Manifest = {
+      version: MANIFEST_VERSION,
+      id: spec.id,
+      token,
+      state: 'starting',
+      identity: null,
+      command: spec.command,
+      args: argv,
+      expect: spec.expect ?? [],
+      paths: [...new Set(paths)],
+      executable: spec.executable ?? null,
+      pidSource: pidSpec === 'child' ? 'child' : typeof pidSpec === 'function' ? 'function' : 'file',
+      pidFile,
+      createdAt: now,
+      updatedAt: now,
+      supervisorPid: process.pid,
+      quarantine: null,
+    };
+    const a: Attempt = {
+      id: spec.id,
+      token,
+      argv,
+      expect: manifest.expect,
+      executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
+      paths: manifest.paths,
+      pidSpec,
+      child: null,
+      target: null,
+      identity: null,
+      stderrTail: () => undefined,
+    };
+    // Stale paths of an earlier run would make readiness lie.
+    removePaths(a.paths);
+    // Written, and fsync'd, before anything is spawned: a supervisor killed
+    // from here on leaves a record recovery can find the process by.
+    this.store.write(manifest);
+    this.emit('launch', { id: spec.id, attempt: attemptNo, token });
+    const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
+    const signal = spec.signal;
+    try {
+      startChild(a, spec);
+      this.emit('spawn', { id: spec.id, pid: a.child!.pid });
+      const deadline = Date.now() + confirmTimeoutMs;
+      const pid = await obtainPid(a, deadline, signal);
+      await confirm(a, pid, deadline, confirmTimeoutMs, signal);
+      this.emit('confirm', { id: spec.id, pid, identity: a.identity });
+      const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
+      if (spec.ready) {
+        await waitReady(a, instance, spec.ready, spec.readyTimeoutMs ?? 10_000, signal);
+        this.emit('ready', { id: spec.id, pid });
+      }
+      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, updatedAt: new Date().toISOString() };
+      this.store.write(running);
+      if (a.child !== a.target) {
+        // The launcher is ours to reap whenever it ends; it holds nothing.
+        a.child!.unref();
+        a.child!.close();
+      }
+      const tracked = this.track(running, a.target!);
+      this.emit('running', { id: spec.id, pid });
+      return tracked;
+    } catch (err) {
+      const ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.emit);
+      // State goes only now: every process of the attempt is proven gone.
+      this.store.remove(spec.id);
+      this.emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
+      throw err;
+    }
+  }
+
+  /**
+   * Stops an instance: the graceful hook (bounded), then SIGTERM, a bounded
+   * wait and SIGKILL; state and declared paths go once it is proven gone.
+   */
+  async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
+    this.#assertOpen();
+    assertId(id);
+    const t = this.table.get(id);
+    if (!t || t.status === 'starting') throw notFound(id, t?.status);
+    if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
+    if (t.stopping) return t.stopping;
+    const graceMs = options.graceMs ?? 30_000;
+    assertDuration(graceMs, 'graceMs');
+    if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
+    if (options.graceful !== undefined && typeof options.graceful !== 'function') throw new InvalidArgError('graceful must be a function');
+    t.stopping = this.#stop(t, { ...options, graceMs });
+    try {
+      return await t.stopping;
+    } finally {
+      t.stopping = undefined;
+    }
+  }
+
+  async #stop(t: Tracked, options: StopOptions & { graceMs: number }): Promise<StopResult> {
+    const h = t.handle!;
+    const emitEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
+      this.emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
+    let result: StopResult;
+    if (t.status === 'exited' || h.exitStatus) {
+      const st = t.exit ?? h.exitStatus ?? { code: null, signal: null };
+      result = { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
+    } else if (options.graceful) {
+      const ac = new AbortController();
+      const hook = options.graceful(t.instance!, ac.signal).then(
+        () => 'done' as const,
+        (err: unknown) => {
+          this.emit('warning', { id: t.id, message: `graceful stop hook failed: ${(err as Error)?.message ?? err}` });
+          return 'failed' as const;
+        },
+      );
+      const r = await within(Promise.race([hook, h.exited]), options.graceMs, options.signal);
+      if (r === TIMED_OUT) {
+        ac.abort(new Error('graceful stop timed out'));
+        this.emit('warning', { id: t.id, message: `graceful stop hook did not finish within ${options.graceMs} ms; terminating` });
+      }
+      result = await terminate(h, { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate });
+      if (r !== TIMED_OUT && typeof r === 'object') result = { ...result, outcome: 'exited' };
+    } else {
+      result = await terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
+    }
+    h.close();
+    if (t.manifest) removePaths(t.manifest.paths);
+    this.store.remove(t.id);
+    if (this.table.get(t.id) === t) this.table.delete(t.id);
+    this.emit('stop', { id: t.id, pid: h.pid, ...result });
+    return result;
+  }
+
+  /** Forgets an instance that has exited (its state is already gone). Refuses a quarantined one. */
+  remove(id: string): void {
+    this.#assertOpen();
+    assertId(id);
+    const t = this.table.get(id);
+    if (!t) throw notFound(id);
+    if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
+    if (t.status !== 'exited') throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is ${t.status}; stop() it instead`);
+    this.table.delete(id);
+  }
+
+  /** Every instance with its status; a quarantined one never hides the others. */
+  list(): InstanceInfo[] {
+    return [...this.table.values()].map((t) => {
+      const info: InstanceInfo = { id: t.id, status: t.status, pid: t.handle?.pid ?? t.manifest?.identity?.pid ?? null };
+      if (t.reason !== undefined) info.reason = t.reason;
+      if (t.field !== undefined) info.field = t.field;
+      if (t.exit !== undefined) info.exit = t.exit;
+      return info;
+    });
+  }
+
+  /** The instance record of a running id. */
+  get(id: string): Instance | undefined {
+    return this.table.get(id)?.instance ?? undefined;
+  }
+
+  /**
+   * Clears a quarantine: an operator's decision that the state can go. The
+   * process, if any, is never signalled; the manifest is removed.
+   */
+  async release(id: string): Promise<void> {
+    this.#assertOpen();
+    assertId(id);
+    const t = this.table.get(id);
+    if (!t || t.status !== 'quarantined') throw notFound(id, t?.status, 'quarantined');
+    this.store.remove(id);
+    this.table.delete(id);
+    this.emit('release', { id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled` });
+  }
+
+  /** Releases the lock and the pidfds; supervised processes keep running (their children are still reaped if they exit while we run). */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#releaseAll();
+  }
+
+  #releaseAll(): void {
+    for (const t of this.table.values()) t.handle?.close();
+    this.store.unlock();
+  }
+
+  #assertOpen(): void {
+    if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', 'this supervisor is closed');
+  }
+
+  /** @internal */
+  get recovered(): boolean {
+    return this.#recovered;
+  }
+
+  async [Symbol.for('nodejs.asyncDispose')](): Promise<void> {
+    await this.close();
+  }
+}
+
+function notFound(id: string, status?: InstanceStatus, wanted = 'running or exited'): CustodyError {
+  return new CustodyError('ERR_CUSTODY_NOT_FOUND', status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`);
+}
+
+function describeExit(s: ExitStatus): string {
+  return s.signal ? `signal ${s.signal}` : s.code !== null ? `code ${s.code}` : 'status unknown';
+}
+
+function validateSpec(spec: LaunchSpec): void {
+  if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');
+  assertId(spec.id);
+  if (typeof spec.command !== 'string' || spec.command === '' || spec.command.includes('\0')) {
+    throw new InvalidArgError('command must be a non-empty string without NUL bytes');
+  }
+  if (typeof spec.args !== 'function') assertStringArray(spec.args, 'args');
+  if (spec.expect !== undefined) assertStringArray(spec.expect, 'expect');
+  if (spec.paths !== undefined) {
+    assertStringArray(spec.paths, 'paths');
+    for (const p of spec.paths) if (!p.startsWith('/')) throw new InvalidArgError(`paths must be absolute: ${JSON.stringify(p)}`);
+  }
+  const pid = spec.pid;
+  if (pid !== undefined && pid !== 'child' && typeof pid !== 'function' && !(pid && typeof pid === 'object' && typeof pid.file === 'string' && pid.file.startsWith('/'))) {
+    throw new InvalidArgError("pid must be 'child', { file: absolutePath } or a function");
+  }
+  if (spec.ready !== undefined && typeof spec.ready !== 'function') {
+    if (!spec.ready || typeof spec.ready.socket !== 'string' || !spec.ready.socket.startsWith('/')) {
+      throw new InvalidArgError('ready must be { socket: absolutePath, timeoutMs? } or a function');
+    }
+    if (spec.ready.timeoutMs !== undefined) assertDuration(spec.ready.timeoutMs, 'ready.timeoutMs');
+  }
+  if (spec.confirmTimeoutMs !== undefined) assertDuration(spec.confirmTimeoutMs, 'confirmTimeoutMs');
+  if (spec.abandonGraceMs !== undefined) assertDuration(spec.abandonGraceMs, 'abandonGraceMs');
+  if (spec.readyTimeoutMs !== undefined) assertDuration(spec.readyTimeoutMs, 'readyTimeoutMs');
+  if (spec.attempts !== undefined && (!Number.isInteger(spec.attempts) || spec.attempts < 1 || spec.attempts > 100)) {
+    throw new InvalidArgError('attempts must be an integer from 1 to 100');
+  }
+  if (spec.signal !== undefined && !(spec.signal instanceof AbortSignal)) throw new InvalidArgError('signal must be an AbortSignal');
+}

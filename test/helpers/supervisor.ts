@@ -1,0 +1,50 @@
+import { execFileSync } from 'node:child_process';
+import { join } from 'node:path';
+import { Supervisor, type CustodyEvent, type SupervisorOptions } from '../../src/index.js';
+import { MARKER, tmpDir } from './procs.js';
+
+export const FIXTURES = join(import.meta.dirname, '..', 'fixtures');
+export const FAKE_VM = join(FIXTURES, 'fake-vm.py');
+export const LAUNCHER = join(FIXTURES, 'launcher.sh');
+/**
+ * The real interpreter, not a shim: a pyenv shim is a shell script that
+ * execs python after custody has confirmed the shim (which is exactly the
+ * pre-exec trap confirm exists for, but not what these tests are about).
+ */
+export const PYTHON = execFileSync('python3', ['-c', 'import sys; print(sys.executable)'], { encoding: 'utf8' }).trim();
+
+/** A supervisor on a fresh state dir, with its events collected. */
+export async function openSupervisor(extra: Partial<SupervisorOptions> = {}) {
+  const dir = tmpDir('custody-state-');
+  const stateDir = join(dir.path, 'state');
+  const events: CustodyEvent[] = [];
+  const sink = extra.onEvent;
+  const { supervisor, report } = await Supervisor.open({
+    stateDir,
+    ...extra,
+    onEvent: (e) => {
+      sink?.(e);
+      events.push(e);
+    },
+  });
+  return {
+    supervisor,
+    report,
+    events,
+    stateDir,
+    root: dir.path,
+    async dispose() {
+      // Stop whatever a failed test left running, then drop the dir.
+      for (const info of supervisor.list()) {
+        if (info.status === 'running' || info.status === 'exited') await supervisor.stop(info.id, { graceMs: 500 }).catch(() => {});
+      }
+      await supervisor.close();
+      dir.cleanup();
+    },
+  };
+}
+
+/** argv for the fake VM: python3 fake-vm.py --socket S --token T <marker> ...extra */
+export function vmArgs(socket: string, token: string, extra: string[] = []): string[] {
+  return [FAKE_VM, '--socket', socket, '--token', token, '--marker', MARKER, ...extra];
+}

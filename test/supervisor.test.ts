@@ -1,0 +1,267 @@
+import { subscribe, unsubscribe } from 'node:diagnostics_channel';
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { backend } from '../src/backend/index.js';
+import { Supervisor, verify, type CustodyEvent } from '../src/index.js';
+import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
+import { isGone, loggedSignals, MARKER } from './helpers/procs.js';
+import { LAUNCHER, openSupervisor, PYTHON, vmArgs } from './helpers/supervisor.js';
+
+expectNoLeaks({ marker: MARKER });
+
+let ctx: Awaited<ReturnType<typeof openSupervisor>>;
+afterEach(async () => {
+  await ctx?.dispose();
+});
+
+const manifestOf = (id: string) => JSON.parse(readFileSync(join(ctx.stateDir, id, 'manifest.json'), 'utf8'));
+const types = (events: CustodyEvent[], id?: string) => events.filter((e) => !id || e.id === id).map((e) => e.type);
+
+describe(`Supervisor lifecycle (${backend.name})`, () => {
+  it('launches, confirms, waits for the socket, records the identity, and stops', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'vm.sock');
+    const inst = await ctx.supervisor.launch({ id: 'vm-1', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket }, expect: ['--socket'] });
+    expect(inst.identity.argv).toContain(inst.token);
+    expect(inst.token).toMatch(/^[0-9a-f]{32}$/);
+    const m = manifestOf('vm-1');
+    expect(m).toMatchObject({ version: 1, id: 'vm-1', state: 'running', token: inst.token });
+    expect(verify(m.identity)).toEqual({ verdict: 'ok' });
+    expect(ctx.supervisor.list()).toEqual([{ id: 'vm-1', status: 'running', pid: inst.pid }]);
+    const r = await ctx.supervisor.stop('vm-1', { graceMs: 5000 });
+    expect(r).toEqual({ outcome: 'exited', escalated: false, code: 0, signal: null });
+    expect(existsSync(join(ctx.stateDir, 'vm-1'))).toBe(false);
+    expect(existsSync(socket)).toBe(false);
+    expect(ctx.supervisor.list()).toEqual([]);
+    expect(types(ctx.events, 'vm-1')).toEqual(['launch', 'spawn', 'confirm', 'ready', 'running', 'stop']);
+  });
+
+  it('records the final identity through a launcher that reports a pre-exec pid (random exec delays)', async () => {
+    ctx = await openSupervisor();
+    for (let i = 0; i < 4; i++) {
+      const pidfile = join(ctx.root, `vm-${i}.pid`);
+      const socket = join(ctx.root, `vm-${i}.sock`);
+      const delay = (Math.random() * 0.3).toFixed(3);
+      const inst = await ctx.supervisor.launch({
+        id: `race-${i}`,
+        command: LAUNCHER,
+        args: (t) => [pidfile, delay, PYTHON, ...vmArgs(socket, t)],
+        pid: { file: pidfile },
+        executable: PYTHON,
+        ready: { socket },
+      });
+      const m = manifestOf(`race-${i}`);
+      // The fork's argv carries every target argument too; only the exec'd
+      // python is the target, and the manifest holds its identity.
+      expect(m.identity.argv[0]).toBe(PYTHON);
+      expect(m.identity.pid).toBe(inst.pid);
+      expect(verify(m.identity)).toEqual({ verdict: 'ok' });
+      await ctx.supervisor.stop(`race-${i}`, { graceMs: 5000 });
+    }
+  });
+
+  it('abandons a launcher whose child never execs: confirm timeout, killed, reaped, state gone, next launch works', async () => {
+    ctx = await openSupervisor();
+    const pidfile = join(ctx.root, 'never.pid');
+    const socket = join(ctx.root, 'never.sock');
+    const started = Date.now();
+    await expect(
+      ctx.supervisor.launch({
+        id: 'never',
+        command: LAUNCHER,
+        args: (t) => [pidfile, '600', PYTHON, ...vmArgs(socket, t)],
+        pid: { file: pidfile },
+        executable: PYTHON,
+        confirmTimeoutMs: 400,
+      }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_CONFIRM_TIMEOUT' });
+    expect(Date.now() - started).toBeLessThan(5000);
+    expect(processesWithMarker(MARKER)).toEqual([]);
+    expect(existsSync(join(ctx.stateDir, 'never'))).toBe(false);
+    expect(existsSync(pidfile)).toBe(false);
+    expect(types(ctx.events, 'never')).toContain('abandon');
+    const ok = await ctx.supervisor.launch({ id: 'never', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    expect(ok.pid).toBeGreaterThan(0);
+  });
+
+  it('fails fast with the exit status and stderr tail when the process exits during the socket wait', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'early.sock');
+    const stderr = join(ctx.root, 'early.err');
+    const started = Date.now();
+    const err = await ctx.supervisor
+      .launch({ id: 'early', command: PYTHON, args: (t) => vmArgs(socket, t, ['--socket-delay', '0.1', '--fail-before-socket', '7']), ready: { socket, timeoutMs: 20_000 }, stderr: { file: stderr } })
+      .catch((e) => e);
+    expect(err).toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED', exitCode: 7, signal: null });
+    expect(err.stderrTail).toContain('cannot open disk image');
+    expect(err.message).toContain('cannot open disk image');
+    expect(Date.now() - started).toBeLessThan(5000);
+    expect(existsSync(join(ctx.stateDir, 'early'))).toBe(false);
+  });
+
+  it('retries, reaping every attempt and removing the socket between attempts', async () => {
+    const socketsAtAbandon: boolean[] = [];
+    let socket = '';
+    ctx = await openSupervisor({ onEvent: (e) => e.type === 'abandon' && socketsAtAbandon.push(existsSync(socket)) });
+    socket = join(ctx.root, 'retry.sock');
+    const counter = join(ctx.root, 'fail-count');
+    writeFileSync(counter, '2');
+    const inst = await ctx.supervisor.launch({
+      id: 'retry',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--fail-count-file', counter]),
+      ready: { socket, timeoutMs: 5000 },
+      attempts: 3,
+    });
+    expect(types(ctx.events, 'retry').filter((t) => t === 'abandon' || t === 'retry' || t === 'running')).toEqual(['abandon', 'retry', 'abandon', 'retry', 'running']);
+    expect(socketsAtAbandon).toEqual([false, false]);
+    // Every earlier attempt's process is gone, not a zombie.
+    for (const e of ctx.events.filter((x) => x.type === 'spawn' && x.pid !== inst.pid)) expect(isGone(e.pid!)).toBe(true);
+    await expect(ctx.supervisor.launch({ id: 'fails', command: PYTHON, args: (t) => vmArgs(socket + '2', t, ['--fail-before-socket', '1']), ready: { socket: socket + '2' }, attempts: 2 })).rejects.toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED' });
+  });
+
+  it('escalates to SIGKILL within the bound for a target that ignores SIGTERM, and says so', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'stubborn.sock');
+    const log = join(ctx.root, 'signals.log');
+    await ctx.supervisor.launch({ id: 'stubborn', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term', '--signal-log', log]), ready: { socket } });
+    const started = Date.now();
+    const r = await ctx.supervisor.stop('stubborn', { graceMs: 300 });
+    expect(r).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' });
+    expect(Date.now() - started).toBeLessThan(5000);
+    expect(loggedSignals(log)).toEqual(['SIGTERM']);
+    expect(ctx.events.find((e) => e.type === 'escalate')).toMatchObject({ id: 'stubborn' });
+    expect(existsSync(socket)).toBe(false);
+  });
+
+  it('bounds a graceful hook that hangs, warns, and terminates', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'hang.sock');
+    await ctx.supervisor.launch({ id: 'hang', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    let hookSignal: AbortSignal | undefined;
+    const r = await ctx.supervisor.stop('hang', {
+      graceMs: 200,
+      graceful: (_inst, signal) => {
+        hookSignal = signal;
+        return new Promise(() => {});
+      },
+    });
+    expect(r).toMatchObject({ outcome: 'exited', escalated: false, signal: null, code: 0 });
+    expect(hookSignal?.aborted).toBe(true);
+    expect(ctx.events.some((e) => e.type === 'warning' && /graceful stop hook/.test(String(e.message)))).toBe(true);
+  });
+
+  it('uses a graceful hook that works (powerdown over the control socket)', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'pd.sock');
+    await ctx.supervisor.launch({ id: 'pd', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    const { connect } = await import('node:net');
+    const r = await ctx.supervisor.stop('pd', {
+      graceMs: 5000,
+      graceful: () =>
+        new Promise<void>((resolve, reject) => {
+          const s = connect({ path: socket }, () => s.write('powerdown\n'));
+          s.on('data', () => resolve());
+          s.on('error', reject);
+        }),
+    });
+    expect(r).toMatchObject({ outcome: 'exited', escalated: false });
+  });
+
+  it('reports a nonexistent executable clearly and leaves no state and no process', async () => {
+    ctx = await openSupervisor();
+    await expect(ctx.supervisor.launch({ id: 'ghost', command: '/nonexistent/qemu', args: (t) => [t] })).rejects.toMatchObject({ code: 'ENOENT' });
+    expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
+    expect(ctx.supervisor.list()).toEqual([]);
+  });
+
+  it.each(['../x', '', 'a/b', '.', '..', 'a\0b', 'x'.repeat(200), 5])('refuses the id %j and creates nothing', async (id) => {
+    ctx = await openSupervisor();
+    await expect(ctx.supervisor.launch({ id: id as string, command: 'true', args: (t) => [t] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
+    expect(existsSync(join(ctx.root, 'x'))).toBe(false);
+  });
+
+  it('refuses args that do not carry the token, and other bad specs', async () => {
+    ctx = await openSupervisor();
+    const bad = (spec: object) => expect(ctx.supervisor.launch({ id: 'b', command: 'sleep', args: ['1'], ...spec } as never)).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await bad({});
+    await bad({ args: (t: string) => [t], attempts: 0 });
+    await bad({ args: (t: string) => [t], paths: ['relative'] });
+    await bad({ args: (t: string) => [t], ready: { socket: 'rel.sock' } });
+    await bad({ args: (t: string) => [t], confirmTimeoutMs: -5 });
+    expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
+  });
+
+  it('refuses the same id twice at once, and runs different ids concurrently', async () => {
+    ctx = await openSupervisor();
+    const s1 = join(ctx.root, 'a.sock');
+    const first = ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t, ['--socket-delay', '0.2']), ready: { socket: s1 } });
+    await expect(ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t) })).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
+    await first;
+    await expect(ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t) })).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
+  });
+
+  it('notices an instance that exits on its own, cleans its state and socket, and lists it as exited', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'self.sock');
+    const inst = await ctx.supervisor.launch({ id: 'self', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    process.kill(inst.pid, 'SIGKILL');
+    const st = await inst.exited;
+    if (backend.name === 'native') expect(st).toEqual({ code: null, signal: 'SIGKILL' });
+    await new Promise((r) => setTimeout(r, 20));
+    expect(ctx.supervisor.list()).toMatchObject([{ id: 'self', status: 'exited' }]);
+    expect(existsSync(join(ctx.stateDir, 'self'))).toBe(false);
+    expect(existsSync(socket)).toBe(false);
+    expect(await ctx.supervisor.stop('self')).toMatchObject({ outcome: 'already-gone' });
+  });
+
+  it('holds the state dir: a second supervisor gets ERR_CUSTODY_STATE_LOCKED naming the holder', async () => {
+    ctx = await openSupervisor();
+    await expect(Supervisor.open({ stateDir: ctx.stateDir })).rejects.toMatchObject({ code: 'ERR_CUSTODY_STATE_LOCKED', holderPid: process.pid });
+  });
+
+  it('publishes events on diagnostics_channel', async () => {
+    const seen: string[] = [];
+    const onEvent = (m: unknown) => seen.push((m as CustodyEvent).type);
+    subscribe('custody:launch', onEvent);
+    subscribe('custody:running', onEvent);
+    try {
+      ctx = await openSupervisor();
+      await ctx.supervisor.launch({ id: 'dc', command: 'perl', args: (t) => ['-e', 'sleep 300', t, MARKER] });
+    } finally {
+      unsubscribe('custody:launch', onEvent);
+      unsubscribe('custody:running', onEvent);
+    }
+    expect(seen).toEqual(['launch', 'running']);
+  });
+
+  it('launches and stops 200 instances concurrently with no zombie and fds back where they were', async () => {
+    ctx = await openSupervisor();
+    const fds = () => readdirSync('/proc/self/fd').length;
+    const before = fds();
+    const ids = Array.from({ length: 200 }, (_, i) => `bulk-${i}`);
+    const insts = await Promise.all(ids.map((id) => ctx.supervisor.launch({ id, command: 'perl', args: (t) => ['-e', 'sleep 300', t, MARKER] })));
+    expect(new Set(insts.map((i) => i.pid)).size).toBe(200);
+    expect(ctx.supervisor.list().filter((i) => i.status === 'running')).toHaveLength(200);
+    const results = await Promise.all(ids.map((id) => ctx.supervisor.stop(id, { graceMs: 5000 })));
+    expect(results.every((r) => r.outcome === 'exited')).toBe(true);
+    expect(ctx.supervisor.list()).toEqual([]);
+    expect(processesWithMarker(MARKER)).toEqual([]);
+    for (const i of insts) expect(isGone(i.pid)).toBe(true);
+    expect(fds()).toBe(before);
+  });
+
+  it('honours an AbortSignal on stop', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'ab.sock');
+    await ctx.supervisor.launch({ id: 'ab', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term']), ready: { socket } });
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 100);
+    await expect(ctx.supervisor.stop('ab', { graceMs: 10_000, signal: ac.signal })).rejects.toMatchObject({ name: 'AbortError' });
+    // Still tracked and still stoppable.
+    expect(ctx.supervisor.list()).toMatchObject([{ id: 'ab', status: 'running' }]);
+    expect(await ctx.supervisor.stop('ab', { graceMs: 100 })).toMatchObject({ escalated: true });
+  });
+});

@@ -10,6 +10,7 @@ import { BadManifestError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { toIdentity, verify } from './identity.js';
 import { carries, removePaths, tokenCarriers } from './launch.js';
+import { terminate } from './terminate.js';
 import type { Manifest } from './store.js';
 import type { Supervisor } from './supervisor.js';
 import type { ProcessIdentity } from './types.js';
@@ -121,7 +122,7 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
       continue;
     }
     if (m.state === 'starting') {
-      recoverStarting(sup, m, report, clean);
+      await recoverStarting(sup, m, report, clean);
       continue;
     }
     const recorded = m.identity!;
@@ -177,33 +178,73 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
   return report;
 }
 
-/** A supervisor died mid-launch: find the process by its token, or clean. */
-function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => void): void {
-  const candidates: Pinned[] = [];
+/** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
+export const STARTING_CONFIRM_MS = 3000;
+
+/**
+ * A supervisor died mid-launch. The process table is searched for the
+ * token: a process that carries it with the expected argv (and executable)
+ * is adopted. Carriers that never get there within the confirm bound (a
+ * launcher whose target never exec'd) are provably ours and are ended, as
+ * abandon would have; then the state is cleaned.
+ */
+async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => void): Promise<void> {
+  const deadline = Date.now() + STARTING_CONFIRM_MS;
+  for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
+    const carriers = tokenCarriers(m.token);
+    const candidates: Pinned[] = [];
+    for (const pid of carriers) {
+      const p = pin(pid);
+      if (!p) continue;
+      if (p.identity.state !== 'Z' && carries(p.identity.argv, m.token, m.expect) && exeMatches(m, p.identity) && !ownershipProblem(m, p.identity)) {
+        candidates.push(p);
+      } else {
+        p.handle.close();
+      }
+    }
+    // A launcher and its target may both qualify: the target is the one
+    // that is not the parent of another candidate.
+    const parents = new Set(candidates.map((c) => c.identity.ppid));
+    const chosen = candidates.find((c) => !parents.has(c.identity.pid));
+    for (const c of candidates) if (c !== chosen) c.handle.close();
+    if (chosen) {
+      const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
+      sup.store.write(running);
+      sup.track(running, chosen.handle);
+      report.adopted.push({ id: m.id, pid: chosen.identity.pid, reason: 'starting' });
+      sup.emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found by its token and adopted` });
+      return;
+    }
+    if (carriers.length === 0) break;
+    if (Date.now() >= deadline) {
+      await endCarriers(sup, m);
+      break;
+    }
+    await new Promise((r) => setTimeout(r, delay));
+  }
+  clean(m, 'gone');
+}
+
+/** Ends every live process that carries the token, each re-checked under its pidfd first. */
+async function endCarriers(sup: Supervisor, m: Manifest): Promise<void> {
+  const handles: ProcessHandle[] = [];
   for (const pid of tokenCarriers(m.token)) {
     const p = pin(pid);
-    if (!p) continue;
-    if (p.identity.state !== 'Z' && carries(p.identity.argv, m.token, m.expect) && exeMatches(m, p.identity) && !ownershipProblem(m, p.identity)) {
-      candidates.push(p);
-    } else {
-      p.handle.close();
-    }
+    if (p && p.identity.state !== 'Z' && p.identity.argv.some((a) => a.includes(m.token)) && !ownershipProblem(m, p.identity)) handles.push(p.handle);
+    else p?.handle.close();
   }
-  // A launcher and its target may both carry the token: the target is the
-  // one that is not the parent of another candidate.
-  const parents = new Set(candidates.map((c) => c.identity.ppid));
-  const leaves = candidates.filter((c) => !parents.has(c.identity.pid));
-  for (const c of candidates) if (c !== leaves[0]) c.handle.close();
-  const chosen = leaves[0];
-  if (!chosen) {
-    clean(m, 'gone');
-    return;
-  }
-  const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
-  sup.store.write(running);
-  sup.track(running, chosen.handle);
-  report.adopted.push({ id: m.id, pid: chosen.identity.pid, reason: 'starting' });
-  sup.emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found by its token and adopted` });
+  await Promise.all(
+    handles.map(async (h) => {
+      try {
+        await terminate(h, {
+          graceMs: 2000,
+          onEscalate: ({ pid }) => sup.emit('escalate', { id: m.id, pid, message: `pid ${pid} of an interrupted launch ignored SIGTERM; sent SIGKILL` }),
+        });
+      } finally {
+        h.close();
+      }
+    }),
+  );
 }
 
 /** Off Linux: a handle that can only use process.kill (allowUnprovable). */

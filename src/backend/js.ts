@@ -33,9 +33,11 @@ function readProc(path: string, pid: number): string {
   }
 }
 
+/** The start ticks of a running process; null when there is none or it is a zombie (exited, not yet reaped). */
 function readStartTicks(pid: number, procRoot: string): number | null {
   try {
-    return parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'))?.startTicks ?? null;
+    const st = parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'));
+    return st && st.state !== 'Z' && st.state !== 'X' ? st.startTicks : null;
   } catch {
     return null;
   }
@@ -252,7 +254,13 @@ export class JsBackend implements Backend {
       exe = null;
     }
     // Detect (cannot prevent) a pid that changed owner during the reads.
-    if (readStartTicks(pid, procRoot) !== stat.startTicks) throw esrch(pid, 'read');
+    let again: number | undefined;
+    try {
+      again = parseStat(readFileSync(`${dir}/stat`, 'latin1'))?.startTicks;
+    } catch {
+      again = undefined;
+    }
+    if (again !== stat.startTicks) throw esrch(pid, 'read');
     return { state: stat.state, ppid: stat.ppid, session: stat.session, startTicks: stat.startTicks, argv, uid, exe, pidfsId: null };
   }
 

@@ -124,7 +124,13 @@ export class NativePidRef implements PidRef {
     if (this.#origin === 'spawned') {
       // Our child: reap it through its pidfd. Nobody else can (libuv only
       // waits for the pids it spawned), so WNOHANG finds it.
-      const info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
+      let info: ReturnType<NativeAddon['waitid']> = null;
+      try {
+        info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
+      } catch {
+        // ECHILD: something else reaped our child (a SIG_IGN'd SIGCHLD, a
+        // stray waitpid(-1)). It is gone all the same; its status is lost.
+      }
       const status: ExitStatus = !info
         ? UNKNOWN_EXIT
         : info.code === CLD_EXITED

@@ -11,6 +11,7 @@ export const LAUNCHER = join(FIXTURES, 'launcher.sh');
  * execs python after custody has confirmed the shim (which is exactly the
  * pre-exec trap confirm exists for, but not what these tests are about).
  */
+export const PERL = execFileSync('sh', ['-c', 'command -v perl'], { encoding: 'utf8' }).trim();
 export const PYTHON = execFileSync('python3', ['-c', 'import sys; print(sys.executable)'], { encoding: 'utf8' }).trim();
 
 /** A supervisor on a fresh state dir, with its events collected. */

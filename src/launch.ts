@@ -94,6 +94,8 @@ export interface Attempt {
   expect: string[];
   /** dev/ino the confirmed exe must have, when the spec names an executable. */
   executable: { dev: number; ino: number } | null;
+  /** dev/ino of the spawned child's program (the launcher, in pidfile or function mode). */
+  launcherExe?: { dev: number; ino: number } | null;
   paths: string[];
   pidSpec: PidSpec;
   /** The process we spawned (the target itself, or a launcher). */
@@ -113,8 +115,19 @@ export function startChild(a: Attempt, spec: LaunchSpec): void {
     detached: spec.detached !== false,
   });
   a.child = child;
+  // The launcher's own program: a reported pid still running it is the
+  // launcher's fork before exec, whatever its argv says.
+  try {
+    a.launcherExe = backend.inspect(child.pid).exe;
+  } catch {
+    a.launcherExe = null;
+  }
   if (spec.stderr === 'pipe' && child.stderr) {
     let tail = '';
+    // Read for the tail, but never hold the agent's loop open for a daemon's
+    // stderr. (A daemon writing to a pipe whose reader is gone gets EPIPE:
+    // prefer { file } for anything long-lived.)
+    (child.stderr as Readable & { unref?: () => void }).unref?.();
     (child.stderr as Readable).on('data', (d: Buffer) => {
       tail = (tail + d.toString('utf8')).slice(-STDERR_TAIL_BYTES);
     });
@@ -196,7 +209,14 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
       const st = pid === child.pid ? await child.exited : (child.exitStatus ?? { code: null, signal: null });
       throw exitedError(a, pid, st);
     }
-    const exeOk = a.executable === null || (pinned.raw.exe !== null && pinned.raw.exe.dev === a.executable.dev && pinned.raw.exe.ino === a.executable.ino);
+    const exe = pinned.raw.exe;
+    const sameFile = (x: { dev: number; ino: number } | null | undefined) => !!x && !!exe && x.dev === exe.dev && x.ino === exe.ino;
+    // With an executable named, the exe must be it. Without one, a pid
+    // reported by a launcher must at least no longer run the launcher's
+    // program: its fork carries the launcher's argv (token included) until
+    // it execs. (A target that is the launcher's own program needs
+    // `executable` to be told apart.)
+    const exeOk = a.executable !== null ? sameFile(a.executable) : pid === child.pid || !sameFile(a.launcherExe);
     if (exeOk && carries(pinned.raw.argv, a.token, a.expect)) {
       a.identity = toIdentity(pid, pinned.raw, backend.bootId());
       if (pid === child.pid) {

@@ -178,7 +178,7 @@ export class Supervisor {
         } catch (err) {
           lastError = err;
           if (err instanceof AbortError || err instanceof InvalidArgError) throw err;
-          if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `retrying after: ${(err as Error).message}` });
+          if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
         }
       }
       throw lastError;
@@ -238,20 +238,20 @@ export class Supervisor {
     // Written, and fsync'd, before anything is spawned: a supervisor killed
     // from here on leaves a record recovery can find the process by.
     this.store.write(manifest);
-    this.emit('launch', { id: spec.id, attempt: attemptNo, token });
+    this.emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
       startChild(a, spec);
-      this.emit('spawn', { id: spec.id, pid: a.child!.pid });
+      this.emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
       const deadline = Date.now() + confirmTimeoutMs;
       const pid = await obtainPid(a, deadline, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
-      this.emit('confirm', { id: spec.id, pid, identity: a.identity });
+      this.emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
       const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
       if (spec.ready) {
         await waitReady(a, instance, spec.ready, spec.readyTimeoutMs ?? 10_000, signal);
-        this.emit('ready', { id: spec.id, pid });
+        this.emit('ready', { id: spec.id, pid, message: 'ready' });
       }
       const running: Manifest = { ...manifest, state: 'running', identity: a.identity, updatedAt: new Date().toISOString() };
       this.store.write(running);
@@ -261,7 +261,7 @@ export class Supervisor {
         a.child!.close();
       }
       const tracked = this.track(running, a.target!);
-      this.emit('running', { id: spec.id, pid });
+      this.emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
       const ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.emit);
@@ -305,8 +305,9 @@ export class Supervisor {
       result = { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
     } else if (options.graceful) {
       const ac = new AbortController();
+      // The hook asks; the process then has the rest of graceMs to act on it.
       const hook = options.graceful(t.instance!, ac.signal).then(
-        () => 'done' as const,
+        () => h.exited.then(() => 'done' as const),
         (err: unknown) => {
           this.emit('warning', { id: t.id, message: `graceful stop hook failed: ${(err as Error)?.message ?? err}` });
           return 'failed' as const;
@@ -315,7 +316,7 @@ export class Supervisor {
       const r = await within(Promise.race([hook, h.exited]), options.graceMs, options.signal);
       if (r === TIMED_OUT) {
         ac.abort(new Error('graceful stop timed out'));
-        this.emit('warning', { id: t.id, message: `graceful stop hook did not finish within ${options.graceMs} ms; terminating` });
+        this.emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
       }
       result = await terminate(h, { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate });
       if (r !== TIMED_OUT && typeof r === 'object') result = { ...result, outcome: 'exited' };
@@ -326,7 +327,7 @@ export class Supervisor {
     if (t.manifest) removePaths(t.manifest.paths);
     this.store.remove(t.id);
     if (this.table.get(t.id) === t) this.table.delete(t.id);
-    this.emit('stop', { id: t.id, pid: h.pid, ...result });
+    this.emit('stop', { id: t.id, pid: h.pid, ...result, message: `stopped (${result.outcome}${result.escalated ? ', after SIGKILL' : ''}); state removed` });
     return result;
   }
 

@@ -188,8 +188,7 @@ export class StateStore {
       if (locked === false) throw new StateLockedError(this.dir, holder?.pid ?? null);
       // A js-backend holder cannot flock: its record in the file is the lock.
       if (holder && holder.pid !== process.pid && holderAlive(holder)) throw new StateLockedError(this.dir, holder.pid);
-      const me = backend.inspect(process.pid);
-      const text = `${JSON.stringify({ pid: process.pid, startTicks: me.startTicks })}\n`;
+      const text = `${JSON.stringify({ pid: process.pid, startTicks: ownStartTicks() })}\n`;
       ftruncateSync(fd, 0);
       writeSync(fd, text, 0);
       fsyncSync(fd);
@@ -221,7 +220,7 @@ export class StateStore {
     const n = readSync(fd, buf, 0, buf.length, 0);
     try {
       const v = JSON.parse(buf.subarray(0, n).toString('utf8'));
-      return isInt(v?.pid, 1) && isInt(v?.startTicks, 0) ? v : null;
+      return isInt(v?.pid, 1) && isInt(v?.startTicks, -1) ? v : null;
     } catch {
       return null;
     }
@@ -329,7 +328,24 @@ export class StateStore {
   }
 }
 
+/** Our start ticks, or -1 where /proc cannot say (then liveness is all a record proves). */
+function ownStartTicks(): number {
+  try {
+    return backend.inspect(process.pid).startTicks;
+  } catch {
+    return -1;
+  }
+}
+
 function holderAlive(holder: { pid: number; startTicks: number }): boolean {
+  if (holder.startTicks < 0) {
+    try {
+      process.kill(holder.pid, 0);
+      return true;
+    } catch (err) {
+      return (err as NodeJS.ErrnoException).code === 'EPERM';
+    }
+  }
   try {
     return backend.inspect(holder.pid).startTicks === holder.startTicks;
   } catch {

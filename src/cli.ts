@@ -7,7 +7,7 @@
  * lock first, so they refuse a dir a running supervisor holds and name it.
  */
 import { readdirSync } from 'node:fs';
-import { inspect, Supervisor, verify } from './index.js';
+import { inspect, Supervisor, sweep, verify } from './index.js';
 import { CustodyError } from './errors.js';
 import { StateStore } from './store.js';
 
@@ -16,19 +16,54 @@ const USAGE = `usage: custody <command> [options]
   inspect PID        a process's identity
   recover            open the state dir, recover every manifest, print the report
   release ID         clear a quarantine (never signals the process)
+  sweep --exact [--dry-run] [--uid N] [--executable X] [--grace-ms N] [--deadline-ms N] -- ARGV...
+                     end orphans whose argv is exactly ARGV (argv[0] included); with --state-dir,
+                     never an instance recorded there
 options:
   --state-dir DIR    the state dir (default: $CUSTODY_STATE_DIR)
   --json             machine-readable output`;
 
 class UsageError extends Error {}
 
-function parse(argv: string[]): { command: string; rest: string[]; stateDir: string | undefined; json: boolean } {
+interface Parsed {
+  command: string;
+  rest: string[];
+  stateDir: string | undefined;
+  json: boolean;
+  exact: boolean;
+  dryRun: boolean;
+  /** Everything after `--`: an argv, taken literally. */
+  tail: string[] | null;
+  numbers: Record<string, number>;
+  executable: string | undefined;
+}
+
+function parse(argv: string[]): Parsed {
   const rest: string[] = [];
   let stateDir = process.env.CUSTODY_STATE_DIR || undefined;
   let json = false;
+  let exact = false;
+  let dryRun = false;
+  let tail: string[] | null = null;
+  let executable: string | undefined;
+  const numbers: Record<string, number> = {};
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
+    if (a === '--') {
+      tail = argv.slice(i + 1);
+      break;
+    }
     if (a === '--json') json = true;
+    else if (a === '--exact') exact = true;
+    else if (a === '--dry-run') dryRun = true;
+    else if (a === '--executable') {
+      executable = argv[++i];
+      if (!executable) throw new UsageError('--executable needs a value');
+    } else if (a === '--uid' || a === '--grace-ms' || a === '--deadline-ms') {
+      const v = argv[++i];
+      if (v === undefined || !/^\d+$/.test(v)) throw new UsageError(`${a} needs a whole number`);
+      numbers[a.slice(2)] = Number(v);
+    }
     else if (a === '--state-dir') {
       stateDir = argv[++i];
       if (!stateDir) throw new UsageError('--state-dir needs a value');
@@ -39,7 +74,7 @@ function parse(argv: string[]): { command: string; rest: string[]; stateDir: str
   }
   const command = rest.shift();
   if (!command) throw new UsageError('');
-  return { command, rest, stateDir, json };
+  return { command, rest, stateDir, json, exact, dryRun, tail, numbers, executable };
 }
 
 function table(rows: Array<Record<string, unknown>>, columns: string[]): string {
@@ -56,7 +91,8 @@ function needStateDir(dir: string | undefined): string {
 }
 
 async function main(argv: string[]): Promise<number> {
-  const { command, rest, stateDir, json } = parse(argv);
+  const parsed = parse(argv);
+  const { command, rest, stateDir, json } = parsed;
   const out = (value: unknown, human: () => string) => process.stdout.write(`${json ? JSON.stringify(value, null, 2) : human()}\n`);
   switch (command) {
     case 'inspect': {
@@ -121,6 +157,39 @@ async function main(argv: string[]): Promise<number> {
       }
       out({ released: rest[0] }, () => `released ${rest[0]} (nothing was signalled)`);
       return 0;
+    }
+    case 'sweep': {
+      if (!parsed.exact || !parsed.tail || parsed.tail.length === 0 || rest.length) {
+        throw new UsageError('sweep needs --exact -- ARGV... (the whole argv, argv[0] included)');
+      }
+      const exclude: number[] = [];
+      if (stateDir) {
+        const store = new StateStore(stateDir);
+        if (store.exists()) {
+          for (const name of store.ids()) {
+            try {
+              const pid = store.read(name).identity?.pid;
+              if (pid) exclude.push(pid);
+            } catch {
+              // a bad manifest names nothing to spare
+            }
+          }
+        }
+      }
+      const r = await sweep({
+        argv: parsed.tail,
+        executable: parsed.executable,
+        uid: parsed.numbers.uid,
+        graceMs: parsed.numbers['grace-ms'],
+        deadlineMs: parsed.numbers['deadline-ms'],
+        dryRun: parsed.dryRun,
+        exclude,
+      });
+      const rows = (['matched', 'terminated', 'killed', 'survivors'] as const).flatMap((k) =>
+        k === 'matched' && !parsed.dryRun ? [] : r[k].map((i) => ({ result: parsed.dryRun ? 'would end' : k, pid: i.pid, uid: i.uid, argv: i.argv.join(' ') })),
+      );
+      out(r, () => table(rows, ['result', 'pid', 'uid', 'argv']));
+      return r.survivors.length ? 1 : 0;
     }
     default:
       throw new UsageError(`unknown command ${JSON.stringify(command)}`);

@@ -56,9 +56,19 @@ export class ProcessHandle {
     return this.#ref.exited;
   }
 
-  /** The exit status once seen, else undefined. */
+  /** The exit status once known, else undefined. */
   get exitStatus(): ExitStatus | undefined {
     return this.#ref.exitStatus;
+  }
+
+  /** Settles the moment the exit is seen; `exited` may settle later, once the status is known. */
+  get gone(): Promise<void> {
+    return this.#ref.gone;
+  }
+
+  /** Whether the exit has been seen. */
+  get hasExited(): boolean {
+    return this.#ref.hasExited;
   }
 
   /** Keep the event loop alive while waiting for this process's exit (the default). */

@@ -14,3 +14,7 @@ export type { Instance, LaunchSpec, ReadySpec, PidSpec } from './launch.js';
 export type { RecoveryReport, RecoveryEntry } from './recover.js';
 export type { CustodyEvent, CustodyEventType, EventSink } from './events.js';
 export type { Manifest, ManifestState } from './store.js';
+export { sweep } from './sweep.js';
+export type { SweepOptions, SweepResult } from './sweep.js';
+export { descendants, terminateTree } from './tree.js';
+export type { TreeTerminateOptions, TreeTerminateResult } from './tree.js';

@@ -63,6 +63,8 @@ export interface LaunchSpec {
   stderr?: StdioOption;
   /** A new session for the process (default true): it must outlive the agent and its terminal. */
   detached?: boolean;
+  /** Without a new session, still a new process group (setpgid), so the group can be told apart. */
+  processGroup?: boolean;
   /** How long abandon waits after SIGTERM before SIGKILL. Default 2000. */
   abandonGraceMs?: number;
   /** Readiness bound for a ready function. Default 10000. */
@@ -113,6 +115,7 @@ export function startChild(a: Attempt, spec: LaunchSpec): void {
     env: spec.env,
     cwd: spec.cwd,
     detached: spec.detached !== false,
+    newGroup: spec.processGroup === true,
   });
   a.child = child;
   // The launcher's own program: a reported pid still running it is the
@@ -198,7 +201,7 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     if (signal?.aborted) throw new AbortError(signal.reason);
     let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
     try {
-      pinned = backend.inspectPinned(pid);
+      pinned = backend.inspectPinned(pid, { reapIfChild: true });
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code !== 'ESRCH' && code !== 'ENOENT') throw err;
@@ -292,7 +295,7 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
     const inSession = sid !== null && p.session === sid;
     if (!inSession && !p.argv.some((x) => x.includes(a.token))) continue;
     try {
-      const { raw, ref } = backend.inspectPinned(p.pid);
+      const { raw, ref } = backend.inspectPinned(p.pid, { reapIfChild: true });
       // Re-checked under the pin: the scan alone proves nothing.
       const proven = raw.state !== 'Z' && (raw.argv.some((x) => x.includes(a.token)) || (sid !== null && raw.session === sid));
       if (proven) others.set(p.pid, new ProcessHandle(ref, { identity: null, spawned: false }));

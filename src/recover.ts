@@ -33,7 +33,7 @@ type Pinned = { identity: ProcessIdentity; handle: ProcessHandle };
 
 function pin(pid: number): Pinned | null {
   try {
-    const { raw, ref } = backend.inspectPinned(pid);
+    const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
     return { identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) };
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
@@ -261,6 +261,8 @@ function unprovenHandle(pid: number): ProcessHandle {
       }
     },
     exited: new Promise<{ code: null; signal: null }>(() => {}),
+    gone: new Promise<void>(() => {}),
+    hasExited: false,
     get exitStatus() {
       return status;
     },

@@ -22,6 +22,10 @@ import {
 import { recover, type RecoveryReport } from './recover.js';
 import { assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
 import { terminate } from './terminate.js';
+import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
+import { terminateTree } from './tree.js';
+import { backend } from './backend/index.js';
+import type { ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus } from './types.js';
 import { assertDuration, assertStringArray } from './validate.js';
@@ -45,9 +49,21 @@ export interface SupervisorOptions {
   allowUnprovable?: boolean;
   /** Keep the event loop alive while supervised processes run. Default false: they are detached daemons. */
   keepAlive?: boolean;
+  /**
+   * Become a child subreaper (PR_SET_CHILD_SUBREAPER, native backend): a
+   * daemon that double-forks away from its launcher (QEMU -daemonize) is
+   * re-parented to this process instead of init, stays visible, and custody
+   * reaps it when it exits. Process-wide; only pids custody launched or
+   * adopted are reaped, never children of Node's child_process.
+   */
+  subreaper?: boolean;
+  /** Heal leaked helpers while idle: sweep these exact-argv patterns every intervalMs; findings arrive as sweep events. */
+  sweep?: { intervalMs: number; patterns: SweepOptions[] };
 }
 
 export interface StopOptions {
+  /** Stop the instance's whole process tree, every member through its own pidfd. */
+  tree?: boolean;
   /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
   graceMs?: number;
   /** Ask the process to stop its own way (e.g. a VM powerdown over its control socket). Bounded by graceMs. */
@@ -85,6 +101,8 @@ export class Supervisor {
   #busy = new Set<string>();
   #closed = false;
   #recovered = false;
+  #sweepTimer: NodeJS.Timeout | undefined;
+  #sweeping = false;
 
   private constructor(options: SupervisorOptions, store: StateStore) {
     this.options = options;
@@ -100,11 +118,22 @@ export class Supervisor {
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
     if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
     if (options.onEvent !== undefined && typeof options.onEvent !== 'function') throw new InvalidArgError('onEvent must be a function');
+    if (options.sweep !== undefined) {
+      const sw = options.sweep;
+      if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns)) throw new InvalidArgError('sweep must be { intervalMs, patterns }');
+      assertDuration(sw.intervalMs, 'sweep.intervalMs');
+      if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
+      for (const p of sw.patterns) validateSweep(p);
+    }
     const store = new StateStore(options.stateDir);
     store.lock();
     const sup = new Supervisor(options, store);
     try {
+      if (options.subreaper && !backend.setChildSubreaper(true)) {
+        sup.emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
+      }
       const report = await sup.recover();
+      if (options.sweep) sup.#startSweeps(options.sweep);
       return { supervisor: sup, report };
     } catch (err) {
       sup.#releaseAll();
@@ -318,8 +347,11 @@ export class Supervisor {
         ac.abort(new Error('graceful stop timed out'));
         this.emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
       }
-      result = await terminate(h, { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate });
+      const termOptions = { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate };
+      result = options.tree ? await terminateTree(h, { ...termOptions, reapIfChild: true }) : await terminate(h, termOptions);
       if (r !== TIMED_OUT && typeof r === 'object') result = { ...result, outcome: 'exited' };
+    } else if (options.tree) {
+      result = await terminateTree(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate, reapIfChild: true });
     } else {
       result = await terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
     }
@@ -329,6 +361,54 @@ export class Supervisor {
     if (this.table.get(t.id) === t) this.table.delete(t.id);
     this.emit('stop', { id: t.id, pid: h.pid, ...result, message: `stopped (${result.outcome}${result.escalated ? ', after SIGKILL' : ''}); state removed` });
     return result;
+  }
+
+  /**
+   * Ends orphans by exact argv (see sweep()), never touching an instance
+   * this supervisor tracks. Findings arrive as a sweep event; SIGKILLs and
+   * survivors as warnings.
+   */
+  async sweep(options: SweepOptions): Promise<SweepResult> {
+    this.#assertOpen();
+    validateSweep(options);
+    const tracked = [...this.table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
+    const exclude = new Set([...(options.exclude ?? []), ...tracked]);
+    const result = await sweep({ ...options, exclude });
+    this.#reportSweep(options, result);
+    return result;
+  }
+
+  #reportSweep(options: SweepOptions, r: SweepResult): void {
+    const pids = (l: ProcessIdentity[]) => l.map((i) => i.pid);
+    if (r.matched.length === 0) return;
+    this.emit('sweep', {
+      argv: options.argv,
+      dryRun: options.dryRun === true,
+      matched: pids(r.matched),
+      terminated: pids(r.terminated),
+      killed: pids(r.killed),
+      survivors: pids(r.survivors),
+      message: `${options.dryRun ? 'would end' : 'ended'} ${r.matched.length} orphan(s) matching ${JSON.stringify(options.argv).slice(0, 120)}`,
+    });
+    if (r.killed.length) this.emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
+    if (r.survivors.length) this.emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
+  }
+
+  #startSweeps(config: { intervalMs: number; patterns: SweepOptions[] }): void {
+    this.#sweepTimer = setInterval(() => {
+      if (this.#sweeping || this.#closed) return;
+      this.#sweeping = true;
+      void (async () => {
+        for (const pattern of config.patterns) {
+          try {
+            await this.sweep(pattern);
+          } catch (err) {
+            this.emit('warning', { message: `periodic sweep failed: ${(err as Error).message}` });
+          }
+        }
+      })().finally(() => (this.#sweeping = false));
+    }, config.intervalMs);
+    this.#sweepTimer.unref();
   }
 
   /** Forgets an instance that has exited (its state is already gone). Refuses a quarantined one. */
@@ -376,6 +456,7 @@ export class Supervisor {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    if (this.#sweepTimer) clearInterval(this.#sweepTimer);
     this.#releaseAll();
   }
 

@@ -52,20 +52,23 @@ export async function terminate(handle: ProcessHandle, options: TerminateOptions
     signal: status.signal,
   });
 
-  if (!handle.signal(termSignal)) {
-    // Already gone: success. Take the status if it is known or arrives at once.
-    const status = handle.exitStatus ?? (await within(handle.exited, 50)) ;
-    return done('already-gone', false, status === TIMED_OUT ? { code: null, signal: null } : status);
-  }
-  let status = await within(handle.exited, graceMs, abort);
-  if (status !== TIMED_OUT) return done('exited', false, status);
+  // Decisions wait for the exit to be seen (`gone`); the status may come a
+  // little later, once a non-child's parent has reaped it.
+  const statusOf = async (): Promise<ExitStatus> => {
+    const st = handle.exitStatus ?? (await within(handle.exited, STATUS_WAIT_MS));
+    return st === TIMED_OUT ? { code: null, signal: null } : st;
+  };
+  if (!handle.signal(termSignal)) return done('already-gone', false, await statusOf());
+  if ((await within(handle.gone, graceMs, abort)) !== TIMED_OUT) return done('exited', false, await statusOf());
 
   options.onEscalate?.({ pid: handle.pid, graceMs });
   const sent = handle.signal(killSignal);
-  status = await within(handle.exited, killWaitMs, abort);
-  if (status === TIMED_OUT) {
+  if ((await within(handle.gone, killWaitMs, abort)) === TIMED_OUT) {
     if (!handle.isAlive()) return done(sent ? 'exited' : 'already-gone', sent, { code: null, signal: null });
     throw new StopTimeoutError(handle.pid, killWaitMs);
   }
-  return done('exited', sent, status);
+  return done('exited', sent, await statusOf());
 }
+
+/** How long to wait, once an exit is seen, for its status (a non-child's parent reaping it). */
+const STATUS_WAIT_MS = 1500;

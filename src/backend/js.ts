@@ -99,6 +99,7 @@ class JsPidRef implements PidRef {
   #refed = true;
   #polling = false;
   #countsRef = false;
+  #gone: Promise<void> | undefined;
 
   constructor(pid: number, startTicks: number) {
     this.pid = pid;
@@ -120,6 +121,14 @@ class JsPidRef implements PidRef {
 
   get exitStatus(): ExitStatus | undefined {
     return this.#status;
+  }
+
+  get gone(): Promise<void> {
+    return (this.#gone ??= this.exited.then(() => undefined));
+  }
+
+  get hasExited(): boolean {
+    return this.#status !== undefined;
   }
 
   signal(signo: number): boolean {
@@ -199,6 +208,14 @@ class ChildPidRef implements PidRef {
     return this.#status;
   }
 
+  get gone(): Promise<void> {
+    return this.exited.then(() => undefined);
+  }
+
+  get hasExited(): boolean {
+    return this.#status !== undefined;
+  }
+
   signal(signo: number): boolean {
     if (this.#status) return false;
     // Until libuv has reaped it the pid cannot be reused, so this is safe;
@@ -262,6 +279,10 @@ export class JsBackend implements Backend {
     }
     if (again !== stat.startTicks) throw esrch(pid, 'read');
     return { state: stat.state, ppid: stat.ppid, session: stat.session, startTicks: stat.startTicks, argv, uid, exe, pidfsId: null };
+  }
+
+  setChildSubreaper(): boolean {
+    return false;
   }
 
   inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {

@@ -14,7 +14,7 @@ import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnReques
 // siginfo si_code values for a child's end (CLD_*).
 const CLD_EXITED = 1;
 
-type Origin = 'spawned' | 'other';
+type Origin = 'spawned' | 'adopted' | 'other';
 
 const pidfdFinalizer = new FinalizationRegistry<{ addon: NativeAddon; fd: number }>(({ addon, fd }) => {
   try {
@@ -39,6 +39,9 @@ export class NativePidRef implements PidRef {
   #closed = false;
   #refed = true;
   #exitInfo: boolean;
+  #seen = false;
+  #gone: Promise<void> | undefined;
+  #resolveGone: (() => void) | undefined;
 
   constructor(addon: NativeAddon, pid: number, fd: number, origin: Origin, exitInfo: boolean) {
     this.#addon = addon;
@@ -62,8 +65,17 @@ export class NativePidRef implements PidRef {
     return this.#status;
   }
 
+  get gone(): Promise<void> {
+    if (!this.#exited) this.#watch();
+    return this.#gone!;
+  }
+
+  get hasExited(): boolean {
+    return this.#seen || this.#status !== undefined;
+  }
+
   signal(signo: number): boolean {
-    if (this.#status || this.#fd < 0) return false;
+    if (this.#seen || this.#status || this.#fd < 0) return false;
     try {
       this.#addon.pidfdSendSignal(this.#fd, signo);
       return true;
@@ -109,6 +121,7 @@ export class NativePidRef implements PidRef {
   #watch(): void {
     if (this.#exited) return;
     this.#exited = new Promise((resolve) => (this.#resolve = resolve));
+    this.#gone = new Promise((resolve) => (this.#resolveGone = resolve));
     if (this.#fd < 0) {
       this.#settle(UNKNOWN_EXIT);
       return;
@@ -121,6 +134,8 @@ export class NativePidRef implements PidRef {
   }
 
   #onReadable(): void {
+    this.#seen = true;
+    this.#resolveGone?.();
     if (this.#origin === 'spawned') {
       // Our child: reap it through its pidfd. Nobody else can (libuv only
       // waits for the pids it spawned), so WNOHANG finds it.
@@ -138,6 +153,19 @@ export class NativePidRef implements PidRef {
           : decodeWaitStatus(info.status & 0x7f);
       this.#settle(status);
       return;
+    }
+    if (this.#origin === 'adopted') {
+      // Re-parented to us (we are a subreaper): ours to reap now, or it
+      // stays a zombie. ECHILD: someone else's child; its parent reaps it.
+      try {
+        const info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
+        if (info) {
+          this.#settle(info.code === CLD_EXITED ? { code: info.status, signal: null } : decodeWaitStatus(info.status & 0x7f));
+          return;
+        }
+      } catch {
+        // not our child
+      }
     }
     void this.#awaitExitInfo().then((s) => this.#settle(s));
   }
@@ -162,6 +190,8 @@ export class NativePidRef implements PidRef {
   #settle(status: ExitStatus): void {
     if (this.#status) return;
     this.#status = status;
+    this.#seen = true;
+    this.#resolveGone?.();
     // Exited (and reaped, if ours): the pidfd has nothing left to give.
     this.#release();
     this.#resolve?.(status);
@@ -204,9 +234,15 @@ export class NativeBackend implements Backend {
     return fromAddon(this.#addon.inspect(pid, procRoot, false));
   }
 
-  inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
+  inspectPinned(pid: number, options: { reapIfChild?: boolean } = {}): { raw: RawIdentity; ref: PidRef } {
     const r = this.#addon.inspect(pid, undefined, true);
-    return { raw: fromAddon(r), ref: new NativePidRef(this.#addon, pid, r[7], 'other', this.#caps.exitInfoOfNonChildren) };
+    const origin: Origin = options.reapIfChild ? 'adopted' : 'other';
+    return { raw: fromAddon(r), ref: new NativePidRef(this.#addon, pid, r[7], origin, this.#caps.exitInfoOfNonChildren) };
+  }
+
+  setChildSubreaper(on: boolean): boolean {
+    this.#addon.setChildSubreaper(on);
+    return true;
   }
 
   bootId(): string {

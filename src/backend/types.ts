@@ -42,8 +42,12 @@ export interface PidRef {
   signal(signo: number): boolean;
   /** Settles once the process has exited (and, for a child we spawned, been reaped). Never rejects. */
   readonly exited: Promise<ExitStatus>;
-  /** Set once the exit has been seen. */
+  /** Set once the exit status is known (or known to be unknowable). */
   readonly exitStatus: ExitStatus | undefined;
+  /** Settles the moment the exit is seen, before its status may be known (a non-child's parent may reap it later). */
+  readonly gone: Promise<void>;
+  /** Whether the exit has been seen. */
+  readonly hasExited: boolean;
   ref(): void;
   unref(): void;
   /** Releases the pin. A child we spawned is still reaped when it exits. */
@@ -79,8 +83,16 @@ export interface Backend {
   capabilities(): Capabilities;
   /** Reads one process's identity fields. Throws an errno error (code ESRCH) when there is none. */
   inspect(pid: number, procRoot?: string): RawIdentity;
-  /** Inspects and keeps the pin the inspection was made under, for signalling the proven process. */
-  inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef };
+  /**
+   * Inspects and keeps the pin the inspection was made under, for signalling
+   * the proven process. `reapIfChild`: if the process has become our child
+   * (re-parented to us as a subreaper), reap it when it exits. Only for
+   * processes custody launched or adopted: never for one Node's
+   * child_process may own.
+   */
+  inspectPinned(pid: number, options?: { reapIfChild?: boolean }): { raw: RawIdentity; ref: PidRef };
+  /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
+  setChildSubreaper(on: boolean): boolean;
   bootId(): string;
   spawn(req: SpawnRequest): SpawnedChild;
   listProcesses(procRoot?: string): ProcEntry[];

@@ -11,7 +11,7 @@ import { ProcessHandle } from './handle.js';
 import { toIdentity, verify } from './identity.js';
 import { carries, removePaths, tokenCarriers } from './launch.js';
 import { terminate } from './terminate.js';
-import type { Manifest } from './store.js';
+import { IncompleteInstanceError, type Manifest } from './store.js';
 import type { Supervisor } from './supervisor.js';
 import type { ProcessIdentity } from './types.js';
 
@@ -100,6 +100,13 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
     try {
       m = sup.store.read(id);
     } catch (err) {
+      if (err instanceof IncompleteInstanceError) {
+        // Never launched: only temp files, which must not be read as valid.
+        sup.store.remove(id);
+        report.cleaned.push({ id, reason: 'incomplete' });
+        emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
+        continue;
+      }
       if (!(err instanceof BadManifestError)) throw err;
       // Kept on disk for the operator; never deleted, never fatal to the others.
       quarantine(id, null, 'bad-manifest', undefined, false);

@@ -124,6 +124,17 @@ function errnoCode(err: unknown): string | undefined {
   return (err as NodeJS.ErrnoException)?.code;
 }
 
+/**
+ * An instance dir without a manifest: a crash between creating the dir (or
+ * writing the temp file) and the rename. Nothing is spawned before the
+ * first manifest is renamed into place, so there is no process to find.
+ */
+export class IncompleteInstanceError extends BadManifestError {
+  constructor(path: string) {
+    super(path, 'no manifest (a write interrupted before its rename)');
+  }
+}
+
 export class StateIOError extends CustodyError {
   constructor(message: string, cause: unknown) {
     super('ERR_CUSTODY_STATE_IO', `${message}: ${(cause as Error)?.message ?? cause}`, { cause });
@@ -251,6 +262,7 @@ export class StateStore {
       fd = openSync(path, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
     } catch (err) {
       const code = errnoCode(err);
+      if (code === 'ENOENT') throw new IncompleteInstanceError(path);
       throw new BadManifestError(path, code === 'ELOOP' ? 'manifest is a symlink' : `unreadable (${code})`, { cause: err });
     }
     try {

@@ -104,11 +104,12 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (v.state !== 'starting' && v.state !== 'running' && v.state !== 'quarantined') throw bad(`unknown state ${JSON.stringify(v.state)}`);
   if (typeof v.command !== 'string' || v.command === '') throw bad('command is malformed');
   if (!isStrArr(v.args)) throw bad('args is not a list of strings');
+  if (!v.args.some((a) => a.includes(v.token as string))) throw bad('args do not carry the token');
   if (!isStrArr(v.expect)) throw bad('expect is not a list of strings');
   if (!isStrArr(v.paths)) throw bad('paths is not a list of strings');
   if (v.pidSource !== 'child' && v.pidSource !== 'file' && v.pidSource !== 'function') throw bad('pidSource is malformed');
-  if (v.pidFile !== null && typeof v.pidFile !== 'string') throw bad('pidFile is malformed');
-  if (v.executable !== null && typeof v.executable !== 'string') throw bad('executable is malformed');
+  if (v.pidFile !== null && !(typeof v.pidFile === 'string' && v.pidFile.startsWith('/'))) throw bad('pidFile is not an absolute path');
+  if (v.executable !== null && !(typeof v.executable === 'string' && v.executable !== '')) throw bad('executable is malformed');
   if (!isInt(v.supervisorPid, 1)) throw bad('supervisorPid is malformed');
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);

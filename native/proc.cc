@@ -227,13 +227,8 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
   out.Set(i++, Napi::Number::New(env, has_exe ? static_cast<double>(exe_st.st_dev) : -1));
   out.Set(i++, Napi::Number::New(env, has_exe ? static_cast<double>(exe_st.st_ino) : -1));
   out.Set(i++, pidfs_id);
-  if (keep_pidfd) {
-    GetData(env)->pidfds.insert(pidfd);
-    pidfd_guard.fd = -1;
-    out.Set(i++, Napi::Number::New(env, pidfd));
-  } else {
-    out.Set(i++, Napi::Number::New(env, -1));
-  }
+  const uint32_t pidfd_slot = i++;
+  out.Set(pidfd_slot, Napi::Number::New(env, -1));
   out.Set(i++, Napi::Number::New(env, static_cast<double>(st.session)));
   size_t start = 0;
   while (start < cmdline.size()) {
@@ -241,6 +236,13 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
     if (nul == std::string::npos) nul = cmdline.size();
     out.Set(i++, Napi::String::New(env, cmdline.data() + start, nul - start));
     start = nul + 1;
+  }
+  if (keep_pidfd) {
+    // Last, so that no throw can come between handing the fd over and
+    // JavaScript receiving it.
+    out.Set(pidfd_slot, Napi::Number::New(env, pidfd));
+    GetData(env)->pidfds.insert(pidfd);
+    pidfd_guard.fd = -1;
   }
   return out;
 }

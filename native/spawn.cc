@@ -197,10 +197,10 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
     ThrowErrno(env, a.err, a.failed_call);
   }
 
-  GetData(env)->pidfds.insert(pidfd);
   Napi::Object out = Napi::Object::New(env);
   out.Set("pid", pid);
   out.Set("pidfd", pidfd);
+  GetData(env)->pidfds.insert(pidfd);
   return out;
 }
 

@@ -206,7 +206,7 @@ export class Supervisor {
           return await this.#attempt(spec, n);
         } catch (err) {
           lastError = err;
-          if (err instanceof AbortError || err instanceof InvalidArgError) throw err;
+          if (err instanceof AbortError || err instanceof InvalidArgError || this.#closed) throw err;
           if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
         }
       }
@@ -282,6 +282,8 @@ export class Supervisor {
         await waitReady(a, instance, spec.ready, spec.readyTimeoutMs ?? 10_000, signal);
         this.emit('ready', { id: spec.id, pid, message: 'ready' });
       }
+      // Closed while launching: nobody would watch it; undo rather than orphan it.
+      if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
       const running: Manifest = { ...manifest, state: 'running', identity: a.identity, updatedAt: new Date().toISOString() };
       this.store.write(running);
       if (a.child !== a.target) {

@@ -256,6 +256,17 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(fds()).toBe(before);
   });
 
+  it('abandons a launch still in flight when the supervisor closes, leaving nothing', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'late.sock');
+    const launching = ctx.supervisor.launch({ id: 'late', command: PYTHON, args: (t) => vmArgs(socket, t, ['--socket-delay', '0.3']), ready: { socket } });
+    await new Promise((r) => setTimeout(r, 100));
+    await ctx.supervisor.close();
+    await expect(launching).rejects.toMatchObject({ code: 'ERR_CUSTODY_CLOSED' });
+    expect(processesWithMarker(MARKER)).toEqual([]);
+    expect(existsSync(join(ctx.stateDir, 'late'))).toBe(false);
+  });
+
   it('honours an AbortSignal on stop', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'ab.sock');

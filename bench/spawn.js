@@ -40,12 +40,14 @@ const NATIVE_BIG_OVER_SMALL_MIN = 0.9;
 
 // On a 2-CPU VM: /bin/true costs ~0.5 ms per spawn from C, a fork of a 2 GiB
 // parent ~70 ms. Rounds are timed, not counted, so a slow variant still gets
-// a bounded run (~10 spawns per round at worst), and a round that a
-// neighbour's burst of CPU slowed costs little in the median of many. Quick
-// is ~20 s in all, full ~2.5 min.
+// a bounded run (~10 spawns per round at worst). The machine may be shared,
+// so a full run measures every variant in two passes, one after the other,
+// and pools their rounds: a burst of someone else's work then lands on
+// rounds of several variants instead of all rounds of one. Quick is ~20 s in
+// all, full ~2.5 min.
 const PARAMS = {
-  quick: { roundMs: 200, rounds: 3, warmupMs: 100, bigHeapMiB: 512 },
-  full: { roundMs: 700, rounds: 7, warmupMs: 300, bigHeapMiB: 2048 },
+  quick: { passes: 1, roundMs: 200, rounds: 3, warmupMs: 100, bigHeapMiB: 512 },
+  full: { passes: 2, roundMs: 600, rounds: 4, warmupMs: 300, bigHeapMiB: 2048 },
 };
 
 const CONCURRENCY = 32;
@@ -79,52 +81,67 @@ const heapKey = (big) => (big ? 'big' : 'small');
 /** Measures every variant, one at a time, and returns the results. */
 export async function run({ quick = false } = {}) {
   const params = PARAMS[quick ? 'quick' : 'full'];
-  const { roundMs, rounds, warmupMs, bigHeapMiB } = params;
+  const { passes, roundMs, rounds, warmupMs, bigHeapMiB } = params;
   // Generous: a round overruns its time by at most the in-flight children,
   // and touching a 2 GiB heap on a cold VM can take several seconds.
   const perModeMs = warmupMs + rounds * roundMs;
   const timeoutMs = 60_000 + 4 * MODES.length * perModeMs;
   const cBin = buildC('spawn');
   const loadBefore = os.loadavg();
+  const cpuBefore = cpuTicks();
 
-  // variants[key][heap][mode] = summarize(rates) + details
-  const variants = {};
+  // Per-round rates and counts, pooled over the passes:
+  // raw[key][heap][mode] = { rates, counts, syscall? }
+  const raw = {};
   const labels = {};
   const rss = {};
-  const put = (key, label, big, mode, rates, extra) => {
+  const add = (key, label, big, mode, rates, counts, extra = {}) => {
     labels[key] = label;
-    ((variants[key] ??= {})[heapKey(big)] ??= {})[mode] = { ...summarize(rates), ...extra };
+    const slot = (((raw[key] ??= {})[heapKey(big)] ??= {})[mode] ??= { rates: [], counts: [] });
+    slot.rates.push(...rates);
+    slot.counts.push(...counts);
+    Object.assign(slot, extra);
   };
 
   // One variant at a time: on a 2-CPU machine running them together would
   // measure contention, not spawn.
-  for (const c of C_RUNS) {
-    for (const mode of c.modes) {
-      const { concurrency } = MODES.find((m) => m.key === mode);
-      const res = await runJson(
-        cBin,
-        [c.method, concurrency, roundMs, rounds, warmupMs, c.big ? bigHeapMiB : 0].map(String),
-        { timeoutMs },
-      );
-      put(c.key, c.label, c.big, mode, res.rounds_per_s, { counts: res.counts, syscall: res.syscall });
-      (rss[c.key] ??= {})[heapKey(c.big)] = Math.round(res.rss_kib / 1024);
+  let leftover = 0;
+  for (let pass = 0; pass < passes; pass++) {
+    for (const c of C_RUNS) {
+      for (const mode of c.modes) {
+        const { concurrency } = MODES.find((m) => m.key === mode);
+        const res = await runJson(
+          cBin,
+          [c.method, concurrency, roundMs, rounds, warmupMs, c.big ? bigHeapMiB : 0].map(String),
+          { timeoutMs },
+        );
+        add(c.key, c.label, c.big, mode, res.rounds_per_s, res.counts, { syscall: res.syscall });
+        (rss[c.key] ??= {})[heapKey(c.big)] = Math.round(res.rss_kib / 1024);
+      }
+    }
+    for (const v of NODE_VARIANTS) {
+      for (const big of [false, true]) {
+        const res = await runWorker(
+          fileURLToPath(import.meta.url),
+          [v.key, big ? bigHeapMiB : 0, roundMs, rounds, warmupMs, ...MODES.map((m) => m.concurrency)],
+          { env: v.env, timeoutMs, execArgv: ['--expose-gc'] },
+        );
+        for (const m of MODES) {
+          const r = res.modes[String(m.concurrency)];
+          add(v.key, v.label, big, m.key, r.rounds_per_s, r.counts);
+        }
+        (rss[v.key] ??= {})[heapKey(big)] = Math.round(res.rssBytes / 2 ** 20);
+        leftover += res.leftoverChildren;
+      }
     }
   }
-
-  let leftover = 0;
-  for (const v of NODE_VARIANTS) {
-    for (const big of [false, true]) {
-      const res = await runWorker(
-        fileURLToPath(import.meta.url),
-        [v.key, big ? bigHeapMiB : 0, roundMs, rounds, warmupMs, ...MODES.map((m) => m.concurrency)],
-        { env: v.env, timeoutMs, execArgv: ['--expose-gc'] },
-      );
-      for (const m of MODES) {
-        const r = res.modes[String(m.concurrency)];
-        put(v.key, v.label, big, m.key, r.rounds_per_s, { counts: r.counts });
+  // variants[key][heap][mode] = median, min, max and rounds of spawns/s
+  const variants = {};
+  for (const [key, heaps] of Object.entries(raw)) {
+    for (const [heap, modes] of Object.entries(heaps)) {
+      for (const [mode, { rates, ...rest }] of Object.entries(modes)) {
+        ((variants[key] ??= {})[heap] ??= {})[mode] = { ...summarize(rates), ...rest };
       }
-      (rss[v.key] ??= {})[heapKey(big)] = Math.round(res.rssBytes / 2 ** 20);
-      leftover += res.leftoverChildren;
     }
   }
   // The workers have exited; nothing they or the C loops started may remain
@@ -132,6 +149,7 @@ export async function run({ quick = false } = {}) {
   leftover += childrenOf(process.pid).length;
   const round2 = (xs) => xs.map((x) => Math.round(x * 100) / 100);
   const loadavg = { before: round2(loadBefore), after: round2(os.loadavg()) };
+  const otherCpu = otherCpuShare(cpuBefore, cpuTicks());
 
   const rate = (key, heap, mode) => variants[key]?.[heap]?.[mode]?.median ?? NaN;
   const ratios = {};
@@ -183,6 +201,7 @@ export async function run({ quick = false } = {}) {
     targets,
     leftoverProcesses: leftover,
     loadavg,
+    otherCpu,
   };
 }
 
@@ -196,6 +215,37 @@ function formatMiB(mib) {
 
 function formatRate(x) {
   return Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : 'n/a';
+}
+
+/**
+ * CPU time in clock ticks: the whole machine's busy time (/proc/stat) and
+ * this process tree's (/proc/self/stat: ours plus every reaped descendant's,
+ * which covers the workers, the C loops and all their children).
+ */
+function cpuTicks() {
+  try {
+    const [, user, nice, system, , , irq, softirq, steal] = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number);
+    const self = readFileSync('/proc/self/stat', 'utf8');
+    // utime, stime, cutime, cstime are fields 14-17; fields resume after the last ')' at field 3.
+    const f = self.slice(self.lastIndexOf(')') + 2).split(' ').map(Number);
+    return { ms: performance.now(), machine: user + nice + system + irq + softirq + steal, ours: f[11] + f[12] + f[13] + f[14] };
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The share of the machine's CPU capacity that other work used while we
+ * measured: on a 2-CPU machine, anyone else's busy CPU slows the children
+ * we wait for and makes every number here noisy.
+ */
+function otherCpuShare(before, after) {
+  if (!before || !after) return null;
+  const hz = 100; // USER_HZ, the unit of both files on every Linux
+  // /proc/stat counts every CPU of the machine, whatever our affinity.
+  const capacity = ((after.ms - before.ms) / 1000) * hz * os.cpus().length;
+  const others = after.machine - before.machine - (after.ours - before.ours);
+  return Math.max(0, Math.min(1, others / capacity));
 }
 
 /** The pids whose parent is `pid`, from /proc (zombies included). */
@@ -218,7 +268,7 @@ function childrenOf(pid) {
 
 /** The results as a printable table. */
 export function report(results) {
-  const { params, variants, labels, rssMiB, cLimit, targets, quick, leftoverProcesses, loadavg } = results;
+  const { params, variants, labels, rssMiB, cLimit, targets, quick, leftoverProcesses, loadavg, otherCpu } = results;
   const bigName = formatMiB(params.bigHeapMiB);
   const rows = [];
   const order = ['c-vfork', 'c-clone3', 'c-fork', ...NODE_VARIANTS.map((v) => v.key)];
@@ -242,8 +292,9 @@ export function report(results) {
     }
   }
   const lines = [
-    `spawn: spawn + reap of ${params.command}, stdio ignored; ${params.rounds} rounds x ${params.roundMs} ms after` +
-      ` ${params.warmupMs} ms warm-up; spawns/s${quick ? ' (quick)' : ''}`,
+    `spawn: spawn + reap of ${params.command}, stdio ignored; ${params.passes > 1 ? `${params.passes} passes x ` : ''}` +
+      `${params.rounds} rounds x ${params.roundMs} ms after ${params.warmupMs} ms warm-up; spawns/s, median of rounds` +
+      `${quick ? ' (quick)' : ''}`,
     `  big heap: ${bigName} of Buffers, every page written${quick ? ' (quick mode; a full run uses 2 GiB)' : ''};` +
       ` rss: the measured process's resident MiB`,
     formatTable(['variant', 'mode', 'heap', 'rss MiB', 'median', 'min', 'max', 'vs C limit'], rows, { align: 'lllrrrrr' }),
@@ -263,6 +314,10 @@ export function report(results) {
     ),
     '',
     `  leftover processes after the run: ${leftoverProcesses}; load average before ${loadavg.before.join(' ')}, after ${loadavg.after.join(' ')}`,
+    otherCpu === null
+      ? '  other work on the machine: unknown'
+      : `  other work on the machine used ${(otherCpu * 100).toFixed(0)}% of its CPU time during the run` +
+        (otherCpu > 0.1 ? ': the numbers are noisy (C and custody alike), rerun on an idle machine' : ''),
   ];
   return lines.join('\n');
 }

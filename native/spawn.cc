@@ -130,7 +130,7 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// spawn(file, argv, envp, { cwd, stdio: [in, out, err], newSession, newGroup })
+// spawn(file, argv, envp | null, { cwd, stdio: [in, out, err], newSession, newGroup })
 // -> { pid, pidfd }. `file` is an absolute or relative path (PATH search is
 // the caller's policy). Exec failure is thrown as the errno of the step that
 // failed (execve ENOENT, chdir ENOENT...), after the child has been reaped.
@@ -141,7 +141,11 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   }
   std::string file = info[0].As<Napi::String>().Utf8Value();
   std::vector<std::string> argv_s = StringList(env, info[1], "argv");
-  std::vector<std::string> envp_s = StringList(env, info[2], "envp");
+  // null envp: the child gets this process's environ, which Node keeps in
+  // step with process.env (setenv/unsetenv), without copying it through
+  // JavaScript on every spawn.
+  bool inherit_env = info[2].IsNull() || info[2].IsUndefined();
+  std::vector<std::string> envp_s = inherit_env ? std::vector<std::string>() : StringList(env, info[2], "envp");
   Napi::Object opts = info[3].As<Napi::Object>();
   std::string cwd;
   bool has_cwd = opts.Has("cwd") && opts.Get("cwd").IsString();
@@ -153,7 +157,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   memset(&a, 0, sizeof a);
   a.file = file.c_str();
   a.argv = argv.data();
-  a.envp = envp.data();
+  a.envp = inherit_env ? environ : envp.data();
   a.cwd = has_cwd ? cwd.c_str() : nullptr;
   Napi::Value stdio_v = opts.Get("stdio");
   if (!stdio_v.IsArray() || stdio_v.As<Napi::Array>().Length() != 3) {

@@ -208,8 +208,13 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
     throw new InvalidArgError('cwd must be a string without NUL bytes');
   }
   const env = options.env ?? process.env;
-  const envp = envList(env);
-  const file = resolveExecutable(command, env, options.cwd);
+  // Without options.env the native child takes our environ as it is: copying
+  // process.env through JavaScript cost more than the spawn itself.
+  const envp = options.env === undefined ? null : envList(options.env);
+  // With a path, the native spawn's execve reports ENOENT and EACCES itself,
+  // synchronously; the js backend learns them only after the fact.
+  const file =
+    command.includes('/') && backend.name === 'native' ? path.resolve(options.cwd ?? '', command) : resolveExecutable(command, env, options.cwd);
   const opened: number[] = [];
   try {
     const stdio = stdioTargets(options.stdio, opened);

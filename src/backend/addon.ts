@@ -32,7 +32,7 @@ export interface NativeAddon {
   spawn(
     file: string,
     argv: string[],
-    envp: string[],
+    envp: string[] | null,
     options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean },
   ): { pid: number; pidfd: number };
   constants: {

@@ -324,12 +324,15 @@ export class JsBackend implements Backend {
     const child = cpSpawn(req.file, req.argv.slice(1), {
       argv0: req.argv[0],
       cwd: req.cwd,
-      env: Object.fromEntries(
-        req.env.map((kv) => {
-          const eq = kv.indexOf('=');
-          return [kv.slice(0, eq), kv.slice(eq + 1)];
-        }),
-      ),
+      env:
+        req.env === null
+          ? process.env
+          : Object.fromEntries(
+              req.env.map((kv) => {
+                const eq = kv.indexOf('=');
+                return [kv.slice(0, eq), kv.slice(eq + 1)];
+              }),
+            ),
       stdio: req.stdio.map((t) => (typeof t === 'object' ? t.fd : t)),
       detached: req.newSession,
     });

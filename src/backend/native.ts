@@ -217,9 +217,13 @@ export class NativeBackend implements Backend {
   #caps: Capabilities;
   #bootId: string | undefined;
 
+  /** One /dev/null for every 'ignore', opened once (close-on-exec, as Node opens everything). */
+  #devNull: number;
+
   constructor(addon: NativeAddon, caps: Capabilities) {
     this.#addon = addon;
     this.#caps = caps;
+    this.#devNull = openSync('/dev/null', 'r+');
   }
 
   get addon(): NativeAddon {
@@ -271,14 +275,11 @@ export class NativeBackend implements Backend {
     const fds: [number, number, number] = [-1, -1, -1];
     const parentEnds: Array<number | null> = [null, null, null];
     const toClose: number[] = [];
-    let devNull: number | undefined;
     try {
       req.stdio.forEach((target, i) => {
         if (target === 'inherit') fds[i] = i;
-        else if (target === 'ignore') {
-          if (devNull === undefined) toClose.push((devNull = openSync('/dev/null', 'r+')));
-          fds[i] = devNull;
-        } else if (target === 'pipe') {
+        else if (target === 'ignore') fds[i] = this.#devNull;
+        else if (target === 'pipe') {
           const [r, w] = this.#addon.pipe();
           const childEnd = i === 0 ? r : w;
           fds[i] = childEnd;

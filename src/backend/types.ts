@@ -61,8 +61,8 @@ export interface SpawnRequest {
   file: string;
   /** Full argv, argv[0] included. */
   argv: string[];
-  /** "KEY=value" strings. */
-  env: string[];
+  /** "KEY=value" strings; null for this process's own environment. */
+  env: string[] | null;
   cwd: string | undefined;
   stdio: [StdioTarget, StdioTarget, StdioTarget];
   /** setsid(): a detached long-lived process outlives our session and terminal. */

@@ -18,6 +18,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace custody {
 
 namespace {
@@ -189,6 +193,12 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   // inherits it if we die.
   pid_t pid = clone(ChildMain, stack + kStackSize, CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &a, &pidfd);
   int clone_errno = errno;
+#if defined(__SANITIZE_ADDRESS__)
+  // The child ran on this array and exec'd without returning: AddressSanitizer
+  // still holds its frames' redzones as poisoned. Clear them, or later uses of
+  // this stack memory look like overflows.
+  ASAN_UNPOISON_MEMORY_REGION(stack, kStackSize);
+#endif
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (pid == -1) ThrowErrno(env, clone_errno, "clone");
 

@@ -1,0 +1,109 @@
+// Drives every call of the native addon, success and error paths, ROUNDS
+// times in one process, for scripts/valgrind.sh: each leak or invalid access
+// in the addon then shows up ROUNDS-fold. Loads the addon directly from
+// CUSTODY_ADDON_PATH (the backend's own probe would refuse a kernel call that
+// valgrind does not know and fall back to js, testing nothing).
+// Prints which calls valgrind refused (ENOSYS): those paths ran only up to
+// the refused syscall.
+import { closeSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const addon = createRequire(import.meta.url)(process.env.CUSTODY_ADDON_PATH);
+const ROUNDS = Number(process.env.ROUNDS ?? 20);
+const C = addon.constants;
+const refused = new Map();
+const calls = new Map();
+
+/** Runs fn; an error whose code is in `expected` is an error path we meant to take. */
+function call(name, fn, expected = []) {
+  calls.set(name, (calls.get(name) ?? 0) + 1);
+  try {
+    return fn();
+  } catch (err) {
+    if (err?.code === 'ENOSYS') {
+      refused.set(name, `${err.syscall ?? '?'} ENOSYS`);
+      return undefined;
+    }
+    if (expected.includes(err?.code)) return undefined;
+    throw new Error(`${name}: ${err?.stack ?? err}`);
+  }
+}
+
+const dir = mkdtempSync(join(tmpdir(), 'custody-valgrind-'));
+const lockFile = join(dir, 'lock');
+writeFileSync(lockFile, '');
+const stat = '4242 (a) (b c) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 200 18446744073709551615\n';
+
+async function waitExit(pidfd) {
+  await new Promise((resolve) => {
+    const id = call('watch', () => addon.watch(pidfd, () => resolve()));
+    if (id === undefined) resolve();
+  });
+  return call('waitid', () => addon.waitid(pidfd, C.WEXITED));
+}
+
+try {
+  for (let round = 0; round < ROUNDS; round++) {
+    call('probe', () => addon.probe());
+    call('parseStat', () => addon.parseStat(stat));
+    call('parseStat(bad)', () => addon.parseStat('garbage'), ['EINVAL']);
+    call('readBootId', () => addon.readBootId());
+    call('readBootId(missing)', () => addon.readBootId(join(dir, 'missing')), ['ENOENT']);
+    call('listProcesses', () => addon.listProcesses());
+    call('inspect(self)', () => addon.inspect(process.pid));
+    const kept = call('inspect(self, keep pidfd)', () => addon.inspect(process.pid, '/proc', true));
+    if (kept && kept[7] >= 0) call('close', () => addon.close(kept[7]));
+    call('inspect(gone)', () => addon.inspect(2 ** 22 + 1), ['ESRCH', 'ENOENT']);
+
+    const self = call('pidfdOpen', () => addon.pidfdOpen(process.pid));
+    if (self !== undefined) {
+      call('pidfsId', () => addon.pidfsId(self));
+      call('pidfdGetExitInfo', () => addon.pidfdGetExitInfo(self), ['EINVAL', 'ENOTTY', 'ESRCH']);
+      call('pidfdSendSignal(0)', () => addon.pidfdSendSignal(self, 0));
+      call('close', () => addon.close(self));
+    }
+    call('pidfdOpen(gone)', () => addon.pidfdOpen(2 ** 22 + 1), ['ESRCH']);
+
+    const p = call('pipe', () => addon.pipe());
+    if (p) p.forEach((fd) => call('close', () => addon.close(fd)));
+    const fd = openSync(lockFile, 'r+');
+    call('flock(EX|NB)', () => addon.flock(fd, C.LOCK_EX | C.LOCK_NB));
+    call('flock(UN)', () => addon.flock(fd, C.LOCK_UN));
+    closeSync(fd);
+    call('setChildSubreaper', () => addon.setChildSubreaper(true));
+    call('getChildSubreaper', () => addon.getChildSubreaper());
+    call('setChildSubreaper', () => addon.setChildSubreaper(false));
+
+    const child = call('spawn', () =>
+      addon.spawn('/bin/sh', ['sh', '-c', 'exit 3'], ['PATH=/usr/bin:/bin'], {
+        stdio: [0, 1, 2],
+        newSession: round % 2 === 0,
+        newGroup: false,
+      }),
+    );
+    if (child) {
+      const info = await waitExit(child.pidfd);
+      if (info && info.code !== undefined && info.pid !== child.pid) throw new Error(`waitid: ${JSON.stringify(info)}`);
+      call('close', () => addon.close(child.pidfd));
+    }
+    call('spawn(ENOENT)', () => addon.spawn(join(dir, 'missing'), ['x'], [], { stdio: [0, 1, 2], newSession: false, newGroup: false }), ['ENOENT']);
+    const idle = call('spawn(sleep)', () => addon.spawn('/bin/sleep', ['sleep', '30'], [], { stdio: [0, 1, 2], newSession: false, newGroup: false }));
+    if (idle) {
+      const id = call('watch', () => addon.watch(idle.pidfd, () => {}));
+      if (id !== undefined) {
+        call('watchRef', () => addon.watchRef(id, false));
+        call('unwatch', () => addon.unwatch(id));
+      }
+      process.kill(idle.pid, 'SIGKILL');
+      await waitExit(idle.pidfd);
+      call('close', () => addon.close(idle.pidfd));
+    }
+  }
+} finally {
+  rmSync(dir, { recursive: true, force: true });
+}
+const total = [...calls.values()].reduce((a, b) => a + b, 0);
+console.log(`valgrind-addon: ${calls.size} calls, ${total} invocations over ${ROUNDS} rounds`);
+for (const [name, why] of refused) console.log(`valgrind-addon: refused under valgrind: ${name} (${why})`);

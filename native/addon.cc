@@ -123,6 +123,7 @@ Napi::Value Probe(const Napi::CallbackInfo& info) {
 void Cleanup(void* arg) {
   auto* data = static_cast<AddonData*>(arg);
   CleanupWatchers(data);
+  CleanupSpawn(data);
   for (int fd : data->pidfds) close(fd);
   data->pidfds.clear();
 }

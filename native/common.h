@@ -95,6 +95,10 @@ struct AddonData {
   std::unordered_set<int> pidfds;
   std::unordered_map<uint32_t, ExitWatcher*> watchers;
   uint32_t next_watcher_id = 1;
+  // spawn's reserved stdio slots: fds on /dev/null opened when the addon
+  // loads, so they sit below the pidfds that come later. See spawn.cc.
+  int spawn_slots[3] = {-1, -1, -1};
+  int spawn_slot_null = -1;
 };
 
 AddonData* GetData(const Napi::Env& env);
@@ -110,5 +114,6 @@ void InitPidfd(Napi::Env env, Napi::Object exports);
 void InitProc(Napi::Env env, Napi::Object exports);
 void InitSpawn(Napi::Env env, Napi::Object exports);
 void CleanupWatchers(AddonData* data);
+void CleanupSpawn(AddonData* data);
 
 }  // namespace custody

@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct ChildArgs {
   int stdio[3];     // fd to become 0, 1, 2
   bool new_session;
   bool new_group;
+  // Non-zero when cloned with CLONE_FILES: the child's first act on the
+  // shared fd table is to take a private copy of only the fds below this.
+  unsigned int keep_below;
   // Written by the child on failure; read by the parent after clone returns.
   int err;
   const char* failed_call;
@@ -58,6 +62,18 @@ int ChildMain(void* raw) {
   sigset_t empty;
   sigemptyset(&empty);
   sigprocmask(SIG_SETMASK, &empty, nullptr);
+
+  // CLONE_FILES: the fd table is still the parent's, so nothing may touch an
+  // fd before this. close_range(keep_below, ~0U, CLOSE_RANGE_UNSHARE) (Linux
+  // 5.9) gives the child a private table copied only up to keep_below: the
+  // stdio sources sit in reserved slots there, every pidfd above. Cloning
+  // without CLONE_FILES would copy the whole table, thousands of pidfds,
+  // on every spawn. Without close_range: a full private copy, as before.
+  if (a->keep_below != 0 && syscall(__NR_close_range, a->keep_below, ~0U, CLOSE_RANGE_UNSHARE) == -1 &&
+      unshare(CLONE_FILES) == -1) {
+    a->failed_call = "unshare";
+    goto fail;
+  }
 
   if (a->new_session && setsid() == -1) {
     a->failed_call = "setsid";
@@ -191,8 +207,35 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   // stores the pidfd through the parent_tid argument. SIGCHLD as the exit
   // signal keeps the child an ordinary child for waitid and for whoever
   // inherits it if we die.
-  pid_t pid = clone(ChildMain, stack + kStackSize, CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &a, &pidfd);
+  int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD;
+  AddonData* data = GetData(env);
+  bool use_slots = data->spawn_slot_null >= 0;
+  if (use_slots) {
+    // Sources above the slots are dup3()'d onto them (dup3, not dup2: the
+    // slot must stay close-on-exec, or another thread's child would inherit
+    // it), so that everything the child needs sits below keep_below.
+    unsigned int keep_below = 3;
+    for (int i = 0; i < 3; i++) {
+      if (a.stdio[i] >= 3) {
+        if (dup3(a.stdio[i], data->spawn_slots[i], O_CLOEXEC) == -1) {
+          int err = errno;
+          pthread_sigmask(SIG_SETMASK, &old, nullptr);
+          ThrowErrno(env, err, "dup3");
+        }
+        a.stdio[i] = data->spawn_slots[i];
+      }
+      keep_below = std::max(keep_below, static_cast<unsigned int>(data->spawn_slots[i]) + 1);
+    }
+    a.keep_below = keep_below;
+    flags |= CLONE_FILES;
+  }
+  pid_t pid = clone(ChildMain, stack + kStackSize, flags, &a, &pidfd);
   int clone_errno = errno;
+  if (use_slots) {
+    // Back to /dev/null: a slot still holding a pipe's write end would keep
+    // its reader from ever seeing end-of-file.
+    for (int i = 0; i < 3; i++) dup3(data->spawn_slot_null, data->spawn_slots[i], O_CLOEXEC);
+  }
 #if defined(__SANITIZE_ADDRESS__)
   // The child ran on this array and exec'd without returning: AddressSanitizer
   // still holds its frames' redzones as poisoned. Clear them, or later uses of
@@ -220,7 +263,31 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
 
 }  // namespace
 
+void CleanupSpawn(AddonData* data) {
+  for (int& fd : data->spawn_slots) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  if (data->spawn_slot_null >= 0) close(data->spawn_slot_null);
+  data->spawn_slot_null = -1;
+}
+
 void InitSpawn(Napi::Env env, Napi::Object exports) {
+  // The slots exist only where the child can unshare cheaply (close_range,
+  // Linux 5.9); elsewhere spawn copies the table at clone, as before.
+  AddonData* data = GetData(env);
+  if (syscall(__NR_close_range, ~0U, ~0U, 0) == 0) {
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null_fd >= 0) {
+      bool ok = true;
+      for (int i = 0; i < 3; i++) {
+        data->spawn_slots[i] = fcntl(null_fd, F_DUPFD_CLOEXEC, 0);
+        ok = ok && data->spawn_slots[i] >= 0;
+      }
+      data->spawn_slot_null = null_fd;
+      if (!ok) CleanupSpawn(data);
+    }
+  }
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
 }
 

@@ -1,0 +1,319 @@
+// lifecycle: throughput of the whole supervised lifecycle, Supervisor.launch
+// (starting manifest written and fsync'd, spawn, confirm, identity manifest
+// written and fsync'd) then stop (SIGTERM, exit seen and reaped, state
+// removed and the dir fsync'd), in cycles per second, sequential and 32
+// concurrent, on custody native and js.
+//
+//   node bench/lifecycle.js [--quick]          standalone: prints the tables
+//   import { run, report } from './lifecycle.js'   for bench/run.js
+//
+// The fsync cost is shown apart: every variant runs once with its state dir
+// on tmpfs (/dev/shm, where fsync returns at once) and once on disk (/tmp,
+// or /var/tmp where /tmp is a tmpfs), and each worker also times the state
+// store alone (a new manifest, its overwrite, its removal: what one cycle
+// writes) on the same file system. The supervised process is bench/c/idle.c (`idle 30 <marker>
+// <token>`), which ends on SIGTERM at once and dies with its worker.
+//
+// Each round launches and stops for a fixed time (lanes of one cycle at a
+// time), then lets the cycles in flight finish; its rate is cycles / elapsed,
+// and the table shows the median of the rounds. Rounds are interleaved (each
+// round runs every variant once), and every variant runs in its own worker
+// (custody picks its backend when it loads):
+//   node bench/lifecycle.js --worker <native|js> <state base> <idle bin> <marker> <round ms> <rounds> <warmup ms> <store ops> <concurrency>...
+import { readFileSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { buildC, formatRatio, formatTable, isMain, median, summarize } from './lib.js';
+import { childrenOf, cpuTicks, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
+
+export const name = 'lifecycle';
+
+// Rounds are interleaved, a worker per variant per round, each with its own
+// warm-up. Quick: ~8 s in all; full: ~50 s.
+const PARAMS = {
+  quick: { roundMs: 150, rounds: 3, warmupMs: 60, storeOps: 45 },
+  full: { roundMs: 800, rounds: 5, warmupMs: 200, storeOps: 300 },
+};
+
+const CONCURRENCY = 32;
+const MODES = [
+  { key: 'seq', label: 'sequential', concurrency: 1 },
+  { key: 'conc', label: `${CONCURRENCY} concurrent`, concurrency: CONCURRENCY },
+];
+const BACKENDS = [
+  { key: 'native', label: 'custody native' },
+  { key: 'js', label: 'custody js' },
+];
+// The disk: /tmp where it is not a tmpfs (the benches write only under
+// bench/, /tmp and /dev/shm), else /var/tmp. The table names the fs type.
+const STORAGE = [
+  { key: 'tmpfs', base: '/dev/shm' },
+  { key: 'disk', base: fsType('/tmp').startsWith('tmpfs') ? '/var/tmp' : '/tmp' },
+];
+
+/** The file system type a path lives on, from /proc/self/mounts (longest matching mount point). */
+function fsType(path) {
+  let best = { dir: '', type: 'unknown', dev: '' };
+  try {
+    for (const line of readFileSync('/proc/self/mounts', 'utf8').split('\n')) {
+      const [dev, dir, type] = line.split(' ');
+      if (!dir) continue;
+      if ((path === dir || path.startsWith(dir.endsWith('/') ? dir : `${dir}/`)) && dir.length >= best.dir.length) best = { dir, type, dev };
+    }
+  } catch {
+    // no /proc: unknown
+  }
+  return `${best.type}${best.dev && best.type !== 'tmpfs' ? ` on ${best.dev}` : ''}`;
+}
+
+/**
+ * Measures every variant and returns the results. Rounds are interleaved:
+ * each round runs every variant once, in its own worker, so noise from other
+ * work on the machine, which comes and goes over seconds, lands on all
+ * variants alike instead of on whichever ran during it.
+ */
+export async function run({ quick = false } = {}) {
+  const params = PARAMS[quick ? 'quick' : 'full'];
+  const idleBin = buildC('idle');
+  const self = fileURLToPath(import.meta.url);
+  const timeoutMs = 60_000 + 20 * MODES.length * (params.warmupMs + params.roundMs) + params.storeOps * 200;
+  const loadBefore = os.loadavg();
+  const cpuBefore = cpuTicks();
+  const storage = Object.fromEntries(STORAGE.map((st) => [st.key, { base: st.base, fs: fsType(st.base) }]));
+  // raw[backend][storage] = { rates: { mode: [] }, launch: { mode: [] }, stop: { mode: [] }, store: [] }
+  const raw = {};
+  let leftover = 0;
+  let escaped = 0;
+  const storeOpsPerRound = Math.ceil(params.storeOps / params.rounds);
+  for (let round = 0; round < params.rounds; round++) {
+    for (const st of STORAGE) {
+      for (const b of BACKENDS) {
+        const base = mkdtempSync(join(st.base, 'custody-bench-lifecycle-'));
+        const marker = newMarker('lifecycle');
+        let res;
+        try {
+          res = await runWorkerNofile(
+            self,
+            [b.key, base, idleBin, marker, params.roundMs, 1, params.warmupMs, storeOpsPerRound, ...MODES.map((m) => m.concurrency)],
+            { env: { CUSTODY_BACKEND: b.key }, timeoutMs },
+          );
+        } finally {
+          escaped += sweepMarker(marker);
+          rmSync(base, { recursive: true, force: true });
+        }
+        leftover += res.leftoverChildren + res.leftoverState;
+        const r = ((raw[b.key] ??= {})[st.key] ??= { rates: {}, counts: {}, launch: {}, stop: {}, store: [] });
+        for (const m of MODES) {
+          const x = res.modes[String(m.concurrency)];
+          (r.rates[m.key] ??= []).push(...x.rates);
+          (r.counts[m.key] ??= []).push(...x.counts);
+          (r.launch[m.key] ??= []).push(x.launchMs);
+          (r.stop[m.key] ??= []).push(x.stopMs);
+        }
+        r.store.push(res.store);
+      }
+    }
+  }
+  leftover += childrenOf(process.pid).length;
+
+  const variants = {};
+  for (const b of BACKENDS) {
+    for (const st of STORAGE) {
+      const r = raw[b.key][st.key];
+      const modes = {};
+      for (const m of MODES) {
+        modes[m.key] = { ...summarize(r.rates[m.key]), counts: r.counts[m.key], launchMs: median(r.launch[m.key]), stopMs: median(r.stop[m.key]) };
+      }
+      const store = {};
+      for (const k of Object.keys(r.store[0])) store[k] = median(r.store.map((x) => x[k]));
+      (variants[b.key] ??= {})[st.key] = { modes, store };
+    }
+  }
+
+  const rate = (b, s, m) => variants[b][s].modes[m].median;
+  const ratios = {};
+  for (const m of MODES) {
+    ratios[m.key] = {
+      nativeOverJsTmpfs: rate('native', 'tmpfs', m.key) / rate('js', 'tmpfs', m.key),
+      nativeOverJsDisk: rate('native', 'disk', m.key) / rate('js', 'disk', m.key),
+      nativeDiskOverTmpfs: rate('native', 'disk', m.key) / rate('native', 'tmpfs', m.key),
+      jsDiskOverTmpfs: rate('js', 'disk', m.key) / rate('js', 'tmpfs', m.key),
+    };
+  }
+  const round2 = (xs) => xs.map((x) => Math.round(x * 100) / 100);
+  return {
+    name,
+    quick,
+    params: { ...params, concurrency: CONCURRENCY, process: 'bench/c/idle.c 30 <marker> <token>', unit: 'launch+stop cycles per second, median of rounds' },
+    storage,
+    variants,
+    ratios,
+    // Throughput has no target in the issue: reported, not judged.
+    targets: [],
+    leftoverProcesses: leftover + escaped,
+    loadavg: { before: round2(loadBefore), after: round2(os.loadavg()) },
+    otherCpu: otherCpuShare(cpuBefore, cpuTicks(), os.cpus().length),
+  };
+}
+
+const fmtRate = (x) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : 'n/a');
+const fmtMs = (x) => (Number.isFinite(x) ? x.toFixed(x < 10 ? 2 : 1) : 'n/a');
+const fmtUs = (x) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : 'n/a');
+
+/** The results as printable tables. */
+export function report(results) {
+  const { params, storage, variants, ratios, quick, leftoverProcesses, loadavg, otherCpu } = results;
+  const rows = [];
+  for (const b of BACKENDS) {
+    for (const st of STORAGE) {
+      for (const m of MODES) {
+        const v = variants[b.key][st.key].modes[m.key];
+        rows.push([
+          b.label,
+          `${st.key} (${storage[st.key].fs})`,
+          m.label,
+          fmtRate(v.median),
+          fmtRate(v.min),
+          fmtRate(v.max),
+          formatRatio(v.median / variants.js[st.key].modes[m.key].median),
+          fmtMs(v.launchMs),
+          fmtMs(v.stopMs),
+        ]);
+      }
+    }
+  }
+  const storeRows = [];
+  for (const st of STORAGE) {
+    for (const b of BACKENDS) {
+      const s = variants[b.key][st.key].store;
+      storeRows.push([`${st.key} (${storage[st.key].fs})`, b.label, fmtUs(s.writeNewUs), fmtUs(s.overwriteUs), fmtUs(s.removeUs), fmtUs(s.cycleUs)]);
+    }
+  }
+  const fsyncShare = (b, m) => {
+    const tmpfs = 1000 / variants[b].tmpfs.modes[m].median;
+    const disk = 1000 / variants[b].disk.modes[m].median;
+    return `${fmtMs(disk - tmpfs)} ms of ${fmtMs(disk)} ms per cycle`;
+  };
+  const lines = [
+    `lifecycle: Supervisor.launch (2 fsync'd manifest writes, spawn, confirm) + stop (SIGTERM, reap, state removed) of ${params.process};` +
+      ` ${params.rounds} rounds x ${params.roundMs} ms after ${params.warmupMs} ms warm-up; cycles/s${quick ? ' (quick)' : ''}`,
+    `  launch ms / stop ms: median latency of each call (in ${CONCURRENCY}-concurrent mode it includes waiting for the other lanes)`,
+    formatTable(['variant', 'state dir', 'mode', 'median', 'min', 'max', 'vs js', 'launch ms', 'stop ms'], rows, { align: 'lllrrrrrr' }),
+    '',
+    `  fsync and disk, disk - tmpfs per cycle: native ${MODES.map((m) => `${m.label} ${fsyncShare('native', m.key)}`).join('; ')};` +
+      ` js ${MODES.map((m) => `${m.label} ${fsyncShare('js', m.key)}`).join('; ')}`,
+    `  native / js: ${MODES.map((m) => `${m.label} ${formatRatio(ratios[m.key].nativeOverJsTmpfs)} on tmpfs, ${formatRatio(ratios[m.key].nativeOverJsDisk)} on disk`).join('; ')}`,
+    '',
+    `  the state store alone (StateStore of dist/store.js, ${params.storeOps} times each, median us): what one cycle writes`,
+    formatTable(['state dir', 'process', 'write new', 'overwrite', 'remove', 'all three'], storeRows, { align: 'llrrrr' }),
+    '',
+    `  leftover processes and state after the run: ${leftoverProcesses}`,
+    noiseLine(otherCpu, loadavg),
+  ];
+  return lines.join('\n');
+}
+
+// ---- worker side ----
+
+/** Keeps `concurrency` lanes launching and stopping for `ms`, then waits for the cycles in flight. */
+async function runFor(cycle, concurrency, ms) {
+  let done = 0;
+  const launch = [];
+  const stop = [];
+  const t0 = performance.now();
+  const end = t0 + ms;
+  const lane = async (l) => {
+    for (let k = 0; performance.now() < end; k++) {
+      const t = await cycle(l);
+      launch.push(t.launch);
+      stop.push(t.stop);
+      done++;
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, (_, l) => lane(l)));
+  return { done, ms: performance.now() - t0, launch, stop };
+}
+
+/** What one launch/stop cycle writes, through the state store alone. */
+async function timeStore(StateStore, manifest, dir, ops) {
+  const store = new StateStore(dir);
+  store.ensureDir();
+  const writeNew = [];
+  const overwrite = [];
+  const remove = [];
+  const cycle = [];
+  for (let i = 0; i < ops; i++) {
+    const id = `s${i}`;
+    const m = { ...manifest, id };
+    const t0 = performance.now();
+    store.write({ ...m, state: 'starting', identity: null });
+    const t1 = performance.now();
+    store.write(m);
+    const t2 = performance.now();
+    store.remove(id);
+    const t3 = performance.now();
+    writeNew.push((t1 - t0) * 1000);
+    overwrite.push((t2 - t1) * 1000);
+    remove.push((t3 - t2) * 1000);
+    cycle.push((t3 - t0) * 1000);
+  }
+  return { writeNewUs: median(writeNew), overwriteUs: median(overwrite), removeUs: median(remove), cycleUs: median(cycle) };
+}
+
+async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, warmupArg, storeOpsArg, ...concurrencyArgs]) {
+  const [roundMs, rounds, warmupMs, storeOps] = [roundMsArg, roundsArg, warmupArg, storeOpsArg].map(Number);
+  const custody = await import('../dist/index.js');
+  const actual = custody.capabilities().backend;
+  if (actual !== backend) throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+  const stateDir = join(base, 'state');
+  const { supervisor } = await custody.Supervisor.open({ stateDir, onEvent: () => {} });
+  let seq = 0;
+  let sample = null;
+  const cycle = async (lane) => {
+    const id = `l${lane}-${seq++}`;
+    const t0 = performance.now();
+    await supervisor.launch({ id, command: idleBin, args: (token) => ['30', marker, token] });
+    if (sample === null) sample = supervisor.store.read(id);
+    const t1 = performance.now();
+    const r = await supervisor.stop(id, { graceMs: 5000 });
+    if (r.outcome !== 'exited' || r.escalated) throw new Error(`stop of ${id} gave ${JSON.stringify(r)}`);
+    return { launch: t1 - t0, stop: performance.now() - t1 };
+  };
+  const modes = {};
+  try {
+    for (const concurrency of concurrencyArgs.map(Number)) {
+      await runFor(cycle, concurrency, warmupMs);
+      const rates = [];
+      const counts = [];
+      const launch = [];
+      const stop = [];
+      for (let r = 0; r < rounds; r++) {
+        globalThis.gc?.();
+        const res = await runFor(cycle, concurrency, roundMs);
+        rates.push((res.done * 1000) / res.ms);
+        counts.push(res.done);
+        launch.push(...res.launch);
+        stop.push(...res.stop);
+      }
+      modes[concurrency] = { rates, counts, launchMs: median(launch), stopMs: median(stop) };
+    }
+  } finally {
+    await supervisor.close();
+  }
+  const leftoverState = readdirSync(stateDir).filter((n) => n !== '.lock').length;
+  const { StateStore } = await import('../dist/store.js');
+  const storeDir = mkdtempSync(join(base, 'store-'));
+  const store = await timeStore(StateStore, sample, join(storeDir, 'state'), storeOps);
+  process.stdout.write(`${JSON.stringify({ backend, modes, store, leftoverChildren: childrenOf(process.pid).length, leftoverState })}\n`);
+}
+
+if (isMain(import.meta.url)) {
+  const argv = process.argv.slice(2);
+  if (argv[0] === '--worker') {
+    await worker(argv.slice(1));
+  } else {
+    const results = await run({ quick: argv.includes('--quick') });
+    console.log(report(results));
+  }
+}

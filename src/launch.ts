@@ -75,6 +75,11 @@ export interface LaunchSpec {
 
 const STDERR_TAIL_BYTES = 2048;
 
+/** A short kernel wait for a child's argv to appear after exec: at most 40 x 50 us. */
+const spinCell = new Int32Array(new SharedArrayBuffer(4));
+const MAX_ARGV_SPINS = 40;
+const ARGV_SPIN_MS = 0.05;
+
 /** Whether an argv carries the token (inside any element) and every expected element exactly. */
 export function carries(argv: readonly string[], token: string, expect: readonly string[]): boolean {
   return argv.some((a) => a.includes(token)) && expect.every((e) => argv.includes(e));
@@ -119,11 +124,14 @@ export function startChild(a: Attempt, spec: LaunchSpec): void {
   });
   a.child = child;
   // The launcher's own program: a reported pid still running it is the
-  // launcher's fork before exec, whatever its argv says.
-  try {
-    a.launcherExe = backend.inspect(child.pid).exe;
-  } catch {
-    a.launcherExe = null;
+  // launcher's fork before exec, whatever its argv says. (Not needed when the
+  // child is the target.)
+  if (a.pidSpec !== 'child') {
+    try {
+      a.launcherExe = backend.inspect(child.pid).exe;
+    } catch {
+      a.launcherExe = null;
+    }
   }
   if (spec.stderr === 'pipe' && child.stderr) {
     let tail = '';
@@ -197,6 +205,7 @@ export async function obtainPid(a: Attempt, deadline: number, signal?: AbortSign
 export async function confirm(a: Attempt, pid: number, deadline: number, timeoutMs: number, signal?: AbortSignal): Promise<void> {
   const child = a.child!;
   let lastArgv: string[] | null = null;
+  let spins = 0;
   for (let delay = 0; ; delay = Math.max(1, Math.min(delay * 2, 20))) {
     if (signal?.aborted) throw new AbortError(signal.reason);
     let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
@@ -233,6 +242,14 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     }
     lastArgv = pinned.raw.argv;
     pinned.ref.close();
+    // Our own child, exec'd (clone returns only then) but its argv not laid
+    // out yet: that takes microseconds, and a timer takes a millisecond.
+    if (pinned.raw.argv.length === 0 && pid === child.pid && spins < MAX_ARGV_SPINS) {
+      spins++;
+      Atomics.wait(spinCell, 0, 0, ARGV_SPIN_MS);
+      delay = 0;
+      continue;
+    }
     if (Date.now() >= deadline) {
       throw new ConfirmTimeoutError(a.id, pid, timeoutMs, `last argv seen: ${JSON.stringify(lastArgv).slice(0, 200)}`);
     }

@@ -7,7 +7,6 @@
  * backend, and on both backends the holder's pid and start time in the file,
  * so a js holder and a native holder exclude each other too.
  */
-import { randomBytes } from 'node:crypto';
 import {
   closeSync,
   constants as fsc,
@@ -141,6 +140,8 @@ export class StateIOError extends CustodyError {
     super('ERR_CUSTODY_STATE_IO', `${message}: ${(cause as Error)?.message ?? cause}`, { cause });
   }
 }
+
+let tmpCounter = 0;
 
 /** State dirs locked by this process: flock and the holder record both see one process as one holder. */
 const lockedHere = new Set<string>();
@@ -287,14 +288,28 @@ export class StateStore {
   write(m: Manifest): void {
     const dir = this.instanceDir(m.id);
     try {
-      try {
-        mkdirSync(dir, { mode: 0o700 });
-      } catch (err) {
-        if (errnoCode(err) !== 'EEXIST') throw err;
-        const st = lstatSync(dir);
-        if (st.isSymbolicLink() || !st.isDirectory()) throw new InvalidArgError(`instance dir ${dir} is a symlink or not a directory`);
+      let created = false;
+      if (m.state === 'starting') {
+        try {
+          mkdirSync(dir, { mode: 0o700 });
+          created = true;
+        } catch (err) {
+          if (errnoCode(err) !== 'EEXIST') throw err;
+        }
       }
-      const tmp = join(dir, `.manifest.${randomBytes(6).toString('hex')}.tmp`);
+      if (!created) {
+        let st;
+        try {
+          st = lstatSync(dir);
+        } catch (err) {
+          if (errnoCode(err) !== 'ENOENT') throw err;
+          mkdirSync(dir, { mode: 0o700 });
+          created = true;
+        }
+        if (st && (st.isSymbolicLink() || !st.isDirectory())) throw new InvalidArgError(`instance dir ${dir} is a symlink or not a directory`);
+      }
+      // The lock makes this process the only writer: pid and a counter are unique enough.
+      const tmp = join(dir, `.manifest.${process.pid}.${++tmpCounter}.tmp`);
       const fd = openSync(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
       try {
         const data = Buffer.from(`${JSON.stringify(m, null, 2)}\n`);
@@ -314,6 +329,9 @@ export class StateStore {
         throw err;
       }
       fsyncDir(dir);
+      // A new instance dir is an entry of the state dir: make it durable too,
+      // or a crash could lose the dir and the manifest with it.
+      if (created) fsyncDir(this.dir);
     } catch (err) {
       if (err instanceof CustodyError) throw err;
       throw new StateIOError(`cannot write the manifest of ${m.id}`, err);
@@ -328,10 +346,17 @@ export class StateStore {
       if (st.isSymbolicLink()) {
         unlinkSync(dir);
       } else {
-        for (const name of readdirSync(dir)) {
-          if (name === MANIFEST || (name.startsWith('.manifest.') && name.endsWith('.tmp'))) unlinkQuiet(join(dir, name));
+        unlinkQuiet(join(dir, MANIFEST));
+        try {
+          rmdirSync(dir);
+        } catch (err) {
+          if (errnoCode(err) !== 'ENOTEMPTY') throw err;
+          // Temp files of an interrupted write: ours to remove; anything else stays, and so does the dir.
+          for (const name of readdirSync(dir)) {
+            if (name.startsWith('.manifest.') && name.endsWith('.tmp')) unlinkQuiet(join(dir, name));
+          }
+          rmdirSync(dir);
         }
-        rmdirSync(dir);
       }
       fsyncDir(this.dir);
     } catch (err) {

@@ -247,11 +247,11 @@ async function timeStore(StateStore, manifest, dir, ops) {
     const id = `s${i}`;
     const m = { ...manifest, id };
     const t0 = performance.now();
-    store.write({ ...m, state: 'starting', identity: null });
+    await store.write({ ...m, state: 'starting', identity: null });
     const t1 = performance.now();
-    store.write(m);
+    await store.write(m);
     const t2 = performance.now();
-    store.remove(id);
+    await store.remove(id);
     const t3 = performance.now();
     writeNew.push((t1 - t0) * 1000);
     overwrite.push((t2 - t1) * 1000);

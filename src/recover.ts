@@ -69,12 +69,12 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
   const provable = capabilities().proc;
   const emit = sup.emit;
 
-  const quarantine = (id: string, m: Manifest | null, reason: string, field?: string, persist = true) => {
+  const quarantine = async (id: string, m: Manifest | null, reason: string, field?: string, persist = true) => {
     const pid = m?.identity?.pid;
     if (m && persist && m.state !== 'quarantined') {
       const q: Manifest = { ...m, state: 'quarantined', quarantine: { reason, ...(field ? { field } : {}), at: new Date().toISOString() }, updatedAt: new Date().toISOString() };
       try {
-        sup.store.write(q);
+        await sup.store.write(q);
         m = q;
       } catch (err) {
         emit('warning', { id, message: `could not persist the quarantine of ${id}: ${(err as Error).message}` });
@@ -86,9 +86,9 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
     emit('quarantine', { ...entry, message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled` });
   };
 
-  const clean = (m: Manifest, reason: string, pid?: number) => {
+  const clean = async (m: Manifest, reason: string, pid?: number) => {
     removePaths(m.paths);
-    sup.store.remove(m.id);
+    await sup.store.remove(m.id);
     const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
     report.cleaned.push(entry);
     emit('clean', { ...entry, message: `${m.id}: ${reason}; state cleaned, nothing signalled` });
@@ -102,24 +102,24 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
     } catch (err) {
       if (err instanceof IncompleteInstanceError) {
         // Never launched: only temp files, which must not be read as valid.
-        sup.store.remove(id);
+        await sup.store.remove(id);
         report.cleaned.push({ id, reason: 'incomplete' });
         emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
         continue;
       }
       if (!(err instanceof BadManifestError)) throw err;
       // Kept on disk for the operator; never deleted, never fatal to the others.
-      quarantine(id, null, 'bad-manifest', undefined, false);
+      await quarantine(id, null, 'bad-manifest', undefined, false);
       report.quarantined[report.quarantined.length - 1]!.field = err.message;
       continue;
     }
     if (m.state === 'quarantined') {
-      quarantine(id, m, m.quarantine?.reason ?? 'quarantined', m.quarantine?.field);
+      await quarantine(id, m, m.quarantine?.reason ?? 'quarantined', m.quarantine?.field);
       continue;
     }
     if (!provable) {
       if (!sup.options.allowUnprovable || m.state !== 'running') {
-        quarantine(id, m, 'unprovable');
+        await quarantine(id, m, 'unprovable');
         continue;
       }
       const handle = unprovenHandle(m.identity!.pid);
@@ -135,7 +135,7 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
     const recorded = m.identity!;
     const live = recorded.pid === process.pid ? null : pin(recorded.pid);
     if (recorded.pid === process.pid) {
-      quarantine(id, m, 'unprovable', 'pid');
+      await quarantine(id, m, 'unprovable', 'pid');
       continue;
     }
     const v = verify(recorded, live?.identity ?? null);
@@ -143,12 +143,12 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
       case 'gone':
       case 'rebooted':
         live?.handle.close();
-        clean(m, v.verdict, recorded.pid);
+        await clean(m, v.verdict, recorded.pid);
         break;
       case 'unrecorded':
       case 'reused':
         live?.handle.close();
-        quarantine(id, m, v.verdict, v.field);
+        await quarantine(id, m, v.verdict, v.field);
         break;
       case 'mismatch': {
         const l = live!;
@@ -156,12 +156,12 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
         const provenByArgv = problem === null && m.paths.every((p) => l.identity.argv.some((a) => a.includes(p))) && exeMatches(m, l.identity);
         if (!provenByArgv) {
           l.handle.close();
-          quarantine(id, m, 'mismatch', v.field);
+          await quarantine(id, m, 'mismatch', v.field);
           break;
         }
         // Same start ticks, the token and the declared paths in its argv: ours.
         const repaired: Manifest = { ...m, identity: { ...l.identity, startTicks: recorded.startTicks }, updatedAt: new Date().toISOString() };
-        sup.store.write(repaired);
+        await sup.store.write(repaired);
         sup.track(repaired, l.handle);
         report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
         emit('repair', { id, pid: recorded.pid, field: v.field, message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten` });
@@ -172,7 +172,7 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
         const problem = ownershipProblem(m, l.identity);
         if (problem) {
           l.handle.close();
-          quarantine(id, m, problem.reason, problem.field);
+          await quarantine(id, m, problem.reason, problem.field);
           break;
         }
         sup.track(m, l.handle);
@@ -195,7 +195,7 @@ export const STARTING_CONFIRM_MS = 3000;
  * launcher whose target never exec'd) are provably ours and are ended, as
  * abandon would have; then the state is cleaned.
  */
-async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => void): Promise<void> {
+async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => Promise<void>): Promise<void> {
   const deadline = Date.now() + STARTING_CONFIRM_MS;
   for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
     const carriers = tokenCarriers(m.token);
@@ -216,7 +216,7 @@ async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryRep
     for (const c of candidates) if (c !== chosen) c.handle.close();
     if (chosen) {
       const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
-      sup.store.write(running);
+      await sup.store.write(running);
       sup.track(running, chosen.handle);
       report.adopted.push({ id: m.id, pid: chosen.identity.pid, reason: 'starting' });
       sup.emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found by its token and adopted` });
@@ -229,7 +229,7 @@ async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryRep
     }
     await new Promise((r) => setTimeout(r, delay));
   }
-  clean(m, 'gone');
+  await clean(m, 'gone');
 }
 
 /** Ends every live process that carries the token, each re-checked under its pidfd first. */

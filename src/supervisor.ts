@@ -176,11 +176,9 @@ export class Supervisor {
     this.emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
     // Proven gone (its pidfd said so): stale sockets and state go with it.
     if (t.manifest) removePaths(t.manifest.paths);
-    try {
-      this.store.remove(t.id);
-    } catch (err) {
+    this.store.remove(t.id).catch((err: unknown) => {
       this.emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
-    }
+    });
   }
 
   /** Launches, confirms, waits until ready, then records the identity. Retries up to `attempts`, abandoning each failure cleanly. */
@@ -266,7 +264,7 @@ export class Supervisor {
     removePaths(a.paths);
     // Written, and fsync'd, before anything is spawned: a supervisor killed
     // from here on leaves a record recovery can find the process by.
-    this.store.write(manifest);
+    await this.store.write(manifest);
     this.emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
@@ -285,7 +283,7 @@ export class Supervisor {
       // Closed while launching: nobody would watch it; undo rather than orphan it.
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
       const running: Manifest = { ...manifest, state: 'running', identity: a.identity, updatedAt: new Date().toISOString() };
-      this.store.write(running);
+      await this.store.write(running);
       if (a.child !== a.target) {
         // The launcher is ours to reap whenever it ends; it holds nothing.
         a.child!.unref();
@@ -297,7 +295,7 @@ export class Supervisor {
     } catch (err) {
       const ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.emit);
       // State goes only now: every process of the attempt is proven gone.
-      this.store.remove(spec.id);
+      await this.store.remove(spec.id);
       this.emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
       throw err;
     }
@@ -359,7 +357,7 @@ export class Supervisor {
     }
     h.close();
     if (t.manifest) removePaths(t.manifest.paths);
-    this.store.remove(t.id);
+    await this.store.remove(t.id);
     if (this.table.get(t.id) === t) this.table.delete(t.id);
     this.emit('stop', { id: t.id, pid: h.pid, ...result, message: `stopped (${result.outcome}${result.escalated ? ', after SIGKILL' : ''}); state removed` });
     return result;
@@ -449,7 +447,7 @@ export class Supervisor {
     assertId(id);
     const t = this.table.get(id);
     if (!t || t.status !== 'quarantined') throw notFound(id, t?.status, 'quarantined');
-    this.store.remove(id);
+    await this.store.remove(id);
     this.table.delete(id);
     this.emit('release', { id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled` });
   }

@@ -20,6 +20,10 @@ import { benchDir, machineInfo } from './lib.js';
 const BENCHES = [
   './identity.js',
   './spawn.js',
+  './exits.js',
+  './memory.js',
+  './lifecycle.js',
+  './scan.js',
 ];
 
 const quick = process.argv.includes('--quick');

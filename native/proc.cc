@@ -108,21 +108,6 @@ Napi::Object StatToObject(const Napi::Env& env, const Stat& st) {
   return o;
 }
 
-// argv is NUL-separated with a trailing NUL. A process may rewrite its argv
-// area (setproctitle) and leave no trailing NUL; the last piece still counts.
-Napi::Array SplitArgv(const Napi::Env& env, const std::string& raw) {
-  Napi::Array argv = Napi::Array::New(env);
-  uint32_t i = 0;
-  size_t start = 0;
-  while (start < raw.size()) {
-    size_t nul = raw.find('\0', start);
-    if (nul == std::string::npos) nul = raw.size();
-    argv.Set(i++, Napi::String::New(env, raw.data() + start, nul - start));
-    start = nul + 1;
-  }
-  return argv;
-}
-
 // The real uid from /proc/<pid>/status ("Uid:\treal\teffective\tsaved\tfs").
 long long ParseStatusUid(const std::string& status) {
   size_t at = status.find("\nUid:");
@@ -263,47 +248,105 @@ Napi::Value ReadBootId(const Napi::CallbackInfo& info) {
   return Napi::String::New(env, id);
 }
 
-// listProcesses(procRoot) -> [{ pid, ppid, uid, state, startTicks, argv }]
-// for every numeric entry of /proc, one readdir pass with no pidfds: the scan
-// a sweep starts from. Processes that vanish mid-scan are skipped. Nothing
-// here is proof of identity; callers inspect() a candidate before acting.
-Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
+// One row of a process-table scan, gathered off the JavaScript thread.
+struct ScanRow {
+  Stat stat;
+  long long owner_uid;
+  std::string cmdline;
+};
+
+// Reads every numeric entry of the proc root: stat and cmdline through a
+// per-process directory fd (so both describe the same process), and the
+// directory's owner. No pidfds, no JavaScript: this runs on the threadpool.
+// Processes that vanish mid-scan are skipped. Returns 0 or an errno.
+int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows) {
   DIR* d = opendir(root.c_str());
-  if (d == nullptr) ThrowErrno(env, errno, "opendir");
-  // closedir on every path, including a JavaScript exception mid-loop.
+  if (d == nullptr) return errno;
   std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
   int rootfd = dirfd(d);
-  Napi::Array out = Napi::Array::New(env);
-  uint32_t n = 0;
   std::string stat_text;
-  std::string cmdline;
-  std::string status;
   for (;;) {
     errno = 0;
     struct dirent* e = readdir(d);
-    if (e == nullptr) {
-      if (errno != 0) ThrowErrno(env, errno, "readdir");
-      break;
-    }
+    if (e == nullptr) return errno;
     if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
     int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
     if (pdir == -1) continue;
     Fd guard(pdir);
-    Stat st;
-    if (ReadAt(pdir, "stat", &stat_text) != 0 || !ParseStat(stat_text, &st)) continue;
-    if (ReadAt(pdir, "cmdline", &cmdline) != 0) continue;
-    // The owner of /proc/<pid> is the process's effective uid, unless it is
-    // not dumpable (then root); the status read gives the real uid exactly.
-    long long uid = -1;
-    if (ReadAt(pdir, "status", &status) == 0) uid = ParseStatusUid(status);
-    Napi::Object p = StatToObject(env, st);
-    p.Set("uid", Napi::Number::New(env, static_cast<double>(uid)));
-    p.Set("argv", SplitArgv(env, cmdline));
-    out.Set(n++, p);
+    ScanRow row;
+    if (ReadAt(pdir, "stat", &stat_text) != 0 || !ParseStat(stat_text, &row.stat)) continue;
+    if (ReadAt(pdir, "cmdline", &row.cmdline) != 0) continue;
+    // The directory's owner is the process's effective uid (root when it is
+    // not dumpable): a hint for filtering, at the cost of one fstat instead
+    // of rendering /proc/<pid>/status, a third of the scan. Proof of the
+    // real uid comes later, under a pidfd.
+    struct stat dst;
+    row.owner_uid = fstat(pdir, &dst) == 0 ? static_cast<long long>(dst.st_uid) : -1;
+    rows->push_back(std::move(row));
   }
-  return out;
+}
+
+// listProcesses(procRoot) -> Promise of a flat array, per process
+//   [pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv]
+// The scan of thousands of processes takes tens of milliseconds of kernel
+// time: it runs on the libuv threadpool so the event loop never waits for
+// it, and the result crosses as one flat array (no per-process objects).
+// Nothing here is proof of identity; callers inspect() a candidate first.
+class ScanWorker : public Napi::AsyncWorker {
+ public:
+  ScanWorker(Napi::Env env, std::string root)
+      : Napi::AsyncWorker(env, "custody:scan"), root_(std::move(root)), deferred_(Napi::Promise::Deferred::New(env)) {}
+
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+  void Execute() override { err_ = ScanProcesses(root_, &rows_); }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (err_ != 0) {
+      deferred_.Reject(ErrnoError(env, err_, "readdir").Value());
+      return;
+    }
+    Napi::Array out = Napi::Array::New(env);
+    uint32_t i = 0;
+    for (const ScanRow& r : rows_) {
+      out.Set(i++, Napi::Number::New(env, static_cast<double>(r.stat.pid)));
+      out.Set(i++, Napi::Number::New(env, static_cast<double>(r.stat.ppid)));
+      out.Set(i++, Napi::Number::New(env, static_cast<double>(r.stat.pgrp)));
+      out.Set(i++, Napi::Number::New(env, static_cast<double>(r.stat.session)));
+      out.Set(i++, Napi::Number::New(env, static_cast<double>(r.owner_uid)));
+      out.Set(i++, Napi::Number::New(env, static_cast<double>(r.stat.start_ticks)));
+      out.Set(i++, Napi::String::New(env, &r.stat.state, 1));
+      const uint32_t argc_slot = i++;
+      uint32_t argc = 0;
+      size_t start = 0;
+      while (start < r.cmdline.size()) {
+        size_t nul = r.cmdline.find('\0', start);
+        if (nul == std::string::npos) nul = r.cmdline.size();
+        out.Set(i++, Napi::String::New(env, r.cmdline.data() + start, nul - start));
+        argc++;
+        start = nul + 1;
+      }
+      out.Set(argc_slot, Napi::Number::New(env, argc));
+    }
+    deferred_.Resolve(out);
+  }
+
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  std::string root_;
+  Napi::Promise::Deferred deferred_;
+  std::vector<ScanRow> rows_;
+  int err_ = 0;
+};
+
+Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
+  std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
+  auto* worker = new ScanWorker(info.Env(), root);  // deleted by N-API once done
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
 }
 
 }  // namespace

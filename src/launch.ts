@@ -85,13 +85,10 @@ export function carries(argv: readonly string[], token: string, expect: readonly
   return argv.some((a) => a.includes(token)) && expect.every((e) => argv.includes(e));
 }
 
-/** The live processes whose argv carries the token: provably launched by us. */
-export function tokenCarriers(token: string): number[] {
+/** The live processes whose argv carries the token: provably launched by us (each still to be re-checked under a pidfd). */
+export async function tokenCarriers(token: string): Promise<number[]> {
   const me = process.pid;
-  return backend
-    .listProcesses()
-    .filter((p) => p.pid !== me && p.pid !== 1 && p.argv.some((a) => a.includes(token)))
-    .map((p) => p.pid);
+  return (await backend.listProcesses()).filter((p) => p.pid !== me && p.pid !== 1 && p.argv.some((a) => a.includes(token))).map((p) => p.pid);
 }
 
 export interface Attempt {
@@ -307,7 +304,7 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   const sid = child && !child.exitStatus ? child.pid : null;
   const others = new Map<number, ProcessHandle>();
   if (a.target && a.target !== child) others.set(a.target.pid, a.target);
-  for (const p of backend.listProcesses()) {
+  for (const p of await backend.listProcesses()) {
     if (p.pid === process.pid || p.pid === 1 || p.pid === child?.pid || others.has(p.pid)) continue;
     const inSession = sid !== null && p.session === sid;
     if (!inSession && !p.argv.some((x) => x.includes(a.token))) continue;

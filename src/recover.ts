@@ -198,7 +198,7 @@ export const STARTING_CONFIRM_MS = 3000;
 async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => Promise<void>): Promise<void> {
   const deadline = Date.now() + STARTING_CONFIRM_MS;
   for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
-    const carriers = tokenCarriers(m.token);
+    const carriers = await tokenCarriers(m.token);
     const candidates: Pinned[] = [];
     for (const pid of carriers) {
       const p = pin(pid);
@@ -235,7 +235,7 @@ async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryRep
 /** Ends every live process that carries the token, each re-checked under its pidfd first. */
 async function endCarriers(sup: Supervisor, m: Manifest): Promise<void> {
   const handles: ProcessHandle[] = [];
-  for (const pid of tokenCarriers(m.token)) {
+  for (const pid of await tokenCarriers(m.token)) {
     const p = pin(pid);
     if (p && p.identity.state !== 'Z' && p.identity.argv.some((a) => a.includes(m.token)) && !ownershipProblem(m, p.identity)) handles.push(p.handle);
     else p?.handle.close();

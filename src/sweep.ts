@@ -93,8 +93,9 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
   };
 
   const pinned: Array<{ identity: ProcessIdentity; handle: ProcessHandle }> = [];
-  for (const p of backend.listProcesses()) {
-    if (!matches(p)) continue;
+  for (const p of await backend.listProcesses()) {
+    // The scan's uid is only the owner of /proc/<pid>: the real uid is checked under the pin.
+    if (!matches({ ...p, uid })) continue;
     try {
       const { raw, ref } = backend.inspectPinned(p.pid);
       // The scan proves nothing; the pinned read does.

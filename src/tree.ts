@@ -5,6 +5,7 @@
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { backend } from './backend/index.js';
+import { parseStat } from './proc.js';
 import { InvalidArgError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { toIdentity } from './identity.js';
@@ -32,8 +33,22 @@ function childPids(pid: number): number[] {
       // thread gone, or a kernel without CONFIG_PROC_CHILDREN
     }
   }
-  if (!sawFile) for (const p of backend.listProcesses()) if (p.ppid === pid) out.add(p.pid);
+  if (!sawFile) for (const child of scanForChildren(pid)) out.add(child);
   return [...out];
+}
+
+/** Without /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN): every stat, for its ppid. */
+function scanForChildren(pid: number): number[] {
+  const out: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (parseStat(readFileSync(`/proc/${name}/stat`, 'latin1'))?.ppid === pid) out.push(Number(name));
+    } catch {
+      // gone
+    }
+  }
+  return out;
 }
 
 /**

@@ -4,7 +4,6 @@
  */
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
-import type { ProcEntry } from './types.js';
 import type { StatFields } from '../proc.js';
 
 /** [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, ...argv]; -1 for no exe / no kept pidfd. */
@@ -28,7 +27,8 @@ export interface NativeAddon {
   parseStat(text: string): StatFields | null;
   inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
   readBootId(path?: string): string;
-  listProcesses(procRoot?: string): Array<ProcEntry & { comm: string }>;
+  /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
+  listProcesses(procRoot?: string): Promise<Array<string | number>>;
   spawn(
     file: string,
     argv: string[],

@@ -294,7 +294,7 @@ export class JsBackend implements Backend {
     return (this.#bootId ??= readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim());
   }
 
-  listProcesses(procRoot = '/proc'): ProcEntry[] {
+  async listProcesses(procRoot = '/proc'): Promise<ProcEntry[]> {
     const out: ProcEntry[] = [];
     for (const name of readdirSync(procRoot)) {
       if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
@@ -302,9 +302,10 @@ export class JsBackend implements Backend {
         const stat = parseStat(readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
         if (!stat) continue;
         const argv = splitCmdline(readFileSync(`${procRoot}/${name}/cmdline`, 'latin1'));
+        // The directory's owner, as the native scan reads it: a hint only.
         let uid = -1;
         try {
-          uid = parseStatusUid(readFileSync(`${procRoot}/${name}/status`, 'latin1'));
+          uid = statSync(`${procRoot}/${name}`).uid;
         } catch {
           /* vanished */
         }

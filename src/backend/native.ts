@@ -254,8 +254,23 @@ export class NativeBackend implements Backend {
     return (this.#bootId ??= this.#addon.readBootId());
   }
 
-  listProcesses(procRoot?: string): ProcEntry[] {
-    return this.#addon.listProcesses(procRoot);
+  async listProcesses(procRoot?: string): Promise<ProcEntry[]> {
+    const flat = await this.#addon.listProcesses(procRoot);
+    const out: ProcEntry[] = [];
+    for (let i = 0; i < flat.length; ) {
+      const pid = flat[i] as number;
+      const ppid = flat[i + 1] as number;
+      const pgrp = flat[i + 2] as number;
+      const session = flat[i + 3] as number;
+      const uid = flat[i + 4] as number;
+      const startTicks = flat[i + 5] as number;
+      const state = flat[i + 6] as string;
+      const argc = flat[i + 7] as number;
+      const argv = flat.slice(i + 8, i + 8 + argc) as string[];
+      i += 8 + argc;
+      out.push({ pid, ppid, pgrp, session, uid, startTicks, state, argv });
+    }
+    return out;
   }
 
   tryLock(fd: number): boolean {

@@ -25,6 +25,11 @@ export interface ProcEntry {
   ppid: number;
   pgrp: number;
   session: number;
+  /**
+   * The owner of /proc/<pid>: the effective uid, or root for a process that
+   * is not dumpable. A hint to narrow a scan, never grounds to act or to
+   * exclude: the real uid is read under a pidfd.
+   */
   uid: number;
   state: string;
   startTicks: number;
@@ -95,7 +100,8 @@ export interface Backend {
   setChildSubreaper(on: boolean): boolean;
   bootId(): string;
   spawn(req: SpawnRequest): SpawnedChild;
-  listProcesses(procRoot?: string): ProcEntry[];
+  /** Scans the process table (off the event loop on the native backend). */
+  listProcesses(procRoot?: string): Promise<ProcEntry[]>;
   /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */
   tryLock(fd: number): boolean | 'unsupported';
 }

@@ -243,7 +243,7 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
     cleanups.push(() => dir.cleanup());
     const { stdout } = await promisify(execFile)(
       'unshare',
-      ['--pid', '--fork', '--mount-proc', process.execPath, join(FIXTURES, 'recover-ns.mjs'), mode, join(dir.path, 'state'), String(trials), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir.path, 'signals.log')],
+      ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, join(FIXTURES, 'recover-ns.mjs'), mode, join(dir.path, 'state'), String(trials), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir.path, 'signals.log')],
       { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 120_000 },
     );
     return JSON.parse(stdout.trim().split('\n').pop()!);

@@ -18,7 +18,7 @@ describe(`genuine PID reuse in a PID namespace (${backend.name})`, () => {
       const fixture = join(import.meta.dirname, 'fixtures', 'reuse.mjs');
       const { stdout } = await promisify(execFile)(
         'unshare',
-        ['--pid', '--fork', '--mount-proc', process.execPath, fixture, String(TRIALS), join(dir.path, 'signals.log'), SIGNAL_LOGGER],
+        ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, fixture, String(TRIALS), join(dir.path, 'signals.log'), SIGNAL_LOGGER],
         { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 120_000 },
       );
       const r = JSON.parse(stdout.trim().split('\n').pop()!);

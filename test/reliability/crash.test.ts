@@ -23,7 +23,7 @@ describe(`crash recovery (${backend.name})`, () => {
     try {
       const { stdout } = await promisify(execFile)(
         'unshare',
-        ['--pid', '--fork', '--mount-proc', process.execPath, join(FIXTURES, 'recover-ns.mjs'), 'chaos', join(dir.path, 'state'), String(TRIALS), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir.path, 'decoys.log'), FAKE_VM, PYTHON],
+        ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, join(FIXTURES, 'recover-ns.mjs'), 'chaos', join(dir.path, 'state'), String(TRIALS), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir.path, 'decoys.log'), FAKE_VM, PYTHON],
         { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: SOAK ? 1_700_000 : 230_000, maxBuffer: 16 << 20 },
       );
       const r = JSON.parse(stdout.trim().split('\n').pop()!);

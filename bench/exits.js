@@ -15,10 +15,10 @@
 //     table grows by one per child, and clone without CLONE_FILES copies
 //     the whole table into each new child (which then closes it all again
 //     before exec): O(idle) per spawn. The C program measures that path
-//     ("plain", what native/spawn.cc does) beside the proposed fix ("files":
-//     stdio sources dup3'd onto reserved low slots, CLONE_FILES, then
-//     close_range(CLOSE_RANGE_UNSHARE) in the child, which copies only the
-//     fds up to the slots; see bench/c/exits.c).
+//     ("plain", what native/spawn.cc did at first) beside what it does now
+//     ("files": stdio sources dup3'd onto reserved low slots, CLONE_FILES,
+//     then close_range(CLOSE_RANGE_UNSHARE) in the child, which copies only
+//     the fds up to the slots; see bench/c/exits.c).
 //   - a pidfd in epoll is O(1) per exit: that part must not grow.
 //
 // Idle children are bench/c/idle.c (sleeps, dies with its parent through
@@ -48,8 +48,8 @@ const PARAMS = {
 };
 
 const VARIANTS = [
-  { key: 'c-plain', kind: 'c', mode: 'plain', label: 'C clone, fd table copied (spawn.cc today)' },
-  { key: 'c-files', kind: 'c', mode: 'files', label: 'C CLONE_FILES + close_range UNSHARE (fix)' },
+  { key: 'c-plain', kind: 'c', mode: 'plain', label: 'C clone, whole fd table copied' },
+  { key: 'c-files', kind: 'c', mode: 'files', label: 'C CLONE_FILES + close_range UNSHARE (as custody)' },
   { key: 'native', kind: 'node', label: 'custody native', env: { CUSTODY_BACKEND: 'native' } },
   { key: 'js', kind: 'node', label: 'custody js', env: { CUSTODY_BACKEND: 'js' } },
   { key: 'child_process', kind: 'node', label: 'child_process.spawn', env: {} },

@@ -19,8 +19,8 @@
 //   plain  clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD): the kernel copies
 //          the whole fd table into the child (every open fd: a pointer copy
 //          and a reference), and the child closes them all again
-//          (close_range(3, ~0U)) before exec. What native/spawn.cc does.
-//   files  the proposed fix. Three reserved slots, opened on /dev/null
+//          (close_range(3, ~0U)) before exec. What native/spawn.cc did first.
+//   files  what native/spawn.cc does now. Three reserved slots, opened on /dev/null
 //          (O_CLOEXEC) before any pidfd so they sit low; per spawn the stdio
 //          sources are dup3'd onto them (O_CLOEXEC), then
 //          clone(CLONE_FILES | CLONE_VM | CLONE_VFORK | CLONE_PIDFD): the

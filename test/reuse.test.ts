@@ -12,14 +12,14 @@ const canForceReuse = isRoot() && hasUnshare();
 const TRIALS = Number(process.env.CUSTODY_REUSE_TRIALS ?? 20);
 
 describe(`genuine PID reuse in a PID namespace (${backend.name})`, () => {
-  it.skipIf(!canForceReuse)(`${TRIALS} forced reuses: old handles never reach the new owner; verify says reused`, async () => {
+  it.skipIf(!canForceReuse)(`${TRIALS} forced reuses: old handles never reach the new owner; verify says reused`, { timeout: 30_000 + TRIALS * 1000 }, async () => {
     const dir = tmpDir();
     try {
       const fixture = join(import.meta.dirname, 'fixtures', 'reuse.mjs');
       const { stdout } = await promisify(execFile)(
         'unshare',
         ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, fixture, String(TRIALS), join(dir.path, 'signals.log'), SIGNAL_LOGGER],
-        { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 120_000 },
+        { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 20_000 + TRIALS * 1000 },
       );
       const r = JSON.parse(stdout.trim().split('\n').pop()!);
       expect(r.errors).toEqual([]);

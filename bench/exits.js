@@ -29,7 +29,7 @@
 import { spawn as cpSpawn } from 'node:child_process';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { buildC, formatRatio, formatTable, isMain, runJson, summarize } from './lib.js';
+import { buildC, formatRatio, formatTable, formatTargets, runAsScript, runJson, summarize } from './lib.js';
 import { childrenOf, cpuTicks, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
 
 export const name = 'exits';
@@ -175,16 +175,7 @@ export function report(results) {
       ` native / C (plain): ${counts.map((c) => `${formatRatio(ratios.nativeOverC[c])} at ${n(c)}`).join(', ')}`,
     `  the fd-table copy, C plain / C files: ${counts.map((c) => `${formatRatio(ratios.cPlainOverFiles[c])} at ${n(c)}`).join(', ')}`,
     '',
-    formatTable(
-      ['target', 'measured', 'limit', 'result'],
-      targets.map((t) => [
-        t.description,
-        formatRatio(t.value),
-        `${t.op} ${formatRatio(t.limit)}`,
-        quick ? `${t.met ? 'met' : 'missed'} (not enforced; quick stops at ${n(hi)} idle)` : t.met ? 'met' : 'MISSED',
-      ]),
-      { align: 'lrrl' },
-    ),
+    formatTargets(targets, { quick, quickNote: `quick stops at ${n(hi)} idle` }),
     '',
     `  leftover processes after the run: ${leftoverProcesses}`,
     noiseLine(otherCpu, loadavg),
@@ -299,12 +290,4 @@ async function worker([variant, idleBin, marker, shortArg, roundsArg, warmupArg,
   process.stdout.write(`${JSON.stringify({ variant, idle: out, leftover_children: leftover })}\n`);
 }
 
-if (isMain(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  if (argv[0] === '--worker') {
-    await worker(argv.slice(1));
-  } else {
-    const results = await run({ quick: argv.includes('--quick') });
-    console.log(report(results));
-  }
-}
+await runAsScript(import.meta.url, { run, report, worker });

@@ -9,7 +9,7 @@
 //   node bench/identity.js --worker <native|js> <pid> <iterations> <rounds> <warmup>
 // which prints one JSON line in the same shape as the C program's.
 import { fileURLToPath } from 'node:url';
-import { buildC, formatNs, formatRatio, formatTable, isMain, runJson, runWorker, startSleeper, summarize } from './lib.js';
+import { buildC, formatNs, formatRatio, formatTable, formatTargets, runAsScript, runJson, runWorker, startSleeper, summarize } from './lib.js';
 
 export const name = 'identity';
 
@@ -118,17 +118,7 @@ export function report(results) {
       }),
     ),
     '',
-    formatTable(
-      ['target', 'measured', 'limit', 'result'],
-      targets.map((t) => [
-        t.description,
-        formatRatio(t.value),
-        `${t.op} ${formatRatio(t.limit)}`,
-        // Quick runs are too short and the machines too noisy to judge.
-        quick ? (t.met ? 'met (not enforced)' : 'missed (not enforced)') : t.met ? 'met' : 'MISSED',
-      ]),
-      { align: 'lrrl' },
-    ),
+    formatTargets(targets, { quick }),
   ];
   return lines.join('\n');
 }
@@ -171,12 +161,4 @@ async function worker([backend, pidArg, iterationsArg, roundsArg, warmupArg]) {
   );
 }
 
-if (isMain(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  if (argv[0] === '--worker') {
-    await worker(argv.slice(1));
-  } else {
-    const results = await run({ quick: argv.includes('--quick') });
-    console.log(report(results));
-  }
-}
+await runAsScript(import.meta.url, { run, report, worker });

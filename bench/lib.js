@@ -95,6 +95,40 @@ export function isMain(importMetaUrl) {
 }
 
 /**
+ * Lets a bench module run as a script: `node bench/x.js [--quick]` runs the
+ * whole bench and prints its report; `--worker ...` runs one variant (the
+ * harness starts those as child processes).
+ */
+export async function runAsScript(importMetaUrl, { run, report, worker }) {
+  if (!isMain(importMetaUrl)) return;
+  const argv = process.argv.slice(2);
+  if (argv[0] === '--worker') {
+    await worker(argv.slice(1));
+  } else {
+    console.log(report(await run({ quick: argv.includes('--quick') })));
+  }
+}
+
+/**
+ * The targets table every bench ends with. A target is { description, value,
+ * op, limit, met } (ratios by default; `shown`/`shownLimit` override the
+ * text). Reported, never enforced: in quick mode the result says so, with
+ * `quickNote` to add why.
+ */
+export function formatTargets(targets, { quick, quickNote = '' } = {}) {
+  return formatTable(
+    ['target', 'measured', 'limit', 'result'],
+    targets.map((t) => [
+      t.description,
+      t.shown ?? formatRatio(t.value),
+      t.shownLimit ?? `${t.op} ${formatRatio(t.limit)}`,
+      quick ? `${t.met ? 'met' : 'missed'} (not enforced${quickNote ? `; ${quickNote}` : ''})` : t.met ? 'met' : 'MISSED',
+    ]),
+    { align: 'lrrl' },
+  );
+}
+
+/**
  * Starts a long-lived, idle `sleep` to be the target of per-process work.
  * stop() kills it and resolves once it is reaped.
  */

@@ -24,7 +24,7 @@ import { readFileSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { buildC, formatRatio, formatTable, isMain, median, summarize } from './lib.js';
+import { buildC, formatRatio, formatTable, median, runAsScript, summarize } from './lib.js';
 import { childrenOf, cpuTicks, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
 
 export const name = 'lifecycle';
@@ -308,12 +308,4 @@ async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, wa
   process.stdout.write(`${JSON.stringify({ backend, modes, store, leftoverChildren: childrenOf(process.pid).length, leftoverState })}\n`);
 }
 
-if (isMain(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  if (argv[0] === '--worker') {
-    await worker(argv.slice(1));
-  } else {
-    const results = await run({ quick: argv.includes('--quick') });
-    console.log(report(results));
-  }
-}
+await runAsScript(import.meta.url, { run, report, worker });

@@ -30,7 +30,7 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { buildC, formatTable, isMain } from './lib.js';
+import { buildC, formatTable, formatTargets, isMain } from './lib.js';
 import { childrenOf, cpuTicks, fdCount, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
 
 export const name = 'memory';
@@ -231,15 +231,9 @@ export function report(results) {
     formatTable(['backend', 'cycle', 'heap MiB', 'heap total', 'rss MiB', 'external', 'fds', 'children', 'state entries', 'tracked'], cycleRows),
     ...verdicts,
     '',
-    formatTable(
-      ['target', 'measured', 'limit', 'result'],
-      targets.map((t) => [
-        t.description,
-        t.shown ?? `${t.value.toFixed(0)} ${t.unit}`,
-        t.shownLimit ?? `${t.op} ${t.limit} ${t.unit}`,
-        quick ? `${t.met ? 'met' : 'missed'} (not enforced)` : t.met ? 'met' : 'MISSED',
-      ]),
-      { align: 'lrrl' },
+    formatTargets(
+      targets.map((t) => ({ ...t, shown: t.shown ?? `${t.value.toFixed(0)} ${t.unit}`, shownLimit: t.shownLimit ?? `${t.op} ${t.limit} ${t.unit}` })),
+      { quick },
     ),
     '',
     `  leftover processes after the run: ${leftoverProcesses}`,

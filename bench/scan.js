@@ -30,7 +30,7 @@ import { readFileSync } from 'node:fs';
 import os from 'node:os';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { buildC, formatRatio, formatTable, isMain, runJson, runWorker, summarize } from './lib.js';
+import { buildC, formatRatio, formatTable, formatTargets, isMain, runJson, runWorker, summarize } from './lib.js';
 import { childrenOf, cpuTicks, newMarker, noiseLine, otherCpuShare, sweepMarker } from './procs.js';
 
 export const name = 'scan';
@@ -315,16 +315,7 @@ export function report(results) {
     `  status read share of the C scan: ${(ratios.statusShareOfC * 100).toFixed(0)}%;` +
       ` idle processes started in ${n(Math.round(params.idleStartMs))} ms, killed and reaped in ${n(Math.round(params.idleStopMs))} ms`,
     '',
-    formatTable(
-      ['target', 'measured', 'limit', 'result'],
-      targets.map((t) => [
-        t.description,
-        formatRatio(t.value),
-        `${t.op} ${formatRatio(t.limit)}`,
-        quick ? `${t.met ? 'met' : 'missed'} (not enforced; quick)` : t.met ? 'met' : 'MISSED',
-      ]),
-      { align: 'lrrl' },
-    ),
+    formatTargets(targets, { quick, quickNote: 'quick' }),
     '',
     `  leftover processes after the run: ${leftoverProcesses}`,
     noiseLine(otherCpu, loadavg),

@@ -24,7 +24,7 @@ import { spawn as cpSpawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { buildC, formatRatio, formatTable, isMain, runJson, runWorker, summarize } from './lib.js';
+import { buildC, formatRatio, formatTable, formatTargets, runAsScript, runJson, runWorker, summarize } from './lib.js';
 
 export const name = 'spawn';
 
@@ -301,17 +301,7 @@ export function report(results) {
     '',
     `  C limit: ${MODES.map((m) => `${m.label} ${formatRate(cLimit[m.key].rate)}/s (${labels[cLimit[m.key].variant]})`).join(', ')}`,
     '',
-    formatTable(
-      ['target', 'measured', 'limit', 'result'],
-      targets.map((t) => [
-        t.description,
-        formatRatio(t.value),
-        `${t.op} ${formatRatio(t.limit)}`,
-        // Reported, never enforced; quick runs are too short to judge.
-        quick ? (t.met ? 'met (not enforced)' : 'missed (not enforced)') : t.met ? 'met' : 'MISSED',
-      ]),
-      { align: 'lrrl' },
-    ),
+    formatTargets(targets, { quick }),
     '',
     `  leftover processes after the run: ${leftoverProcesses}; load average before ${loadavg.before.join(' ')}, after ${loadavg.after.join(' ')}`,
     otherCpu === null
@@ -411,12 +401,4 @@ async function worker([variant, heapArg, roundMsArg, roundsArg, warmupArg, ...co
   );
 }
 
-if (isMain(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  if (argv[0] === '--worker') {
-    await worker(argv.slice(1));
-  } else {
-    const results = await run({ quick: argv.includes('--quick') });
-    console.log(report(results));
-  }
-}
+await runAsScript(import.meta.url, { run, report, worker });

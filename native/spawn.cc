@@ -150,7 +150,7 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// spawn(file, argv, envp | null, { cwd, stdio: [in, out, err], newSession, newGroup })
+// spawn(file, argv, envp | null, { cwd, stdio: [in, out, err], newSession, newGroup, copyFdTable })
 // -> { pid, pidfd }. `file` is an absolute or relative path (PATH search is
 // the caller's policy). Exec failure is thrown as the errno of the step that
 // failed (execve ENOENT, chdir ENOENT...), after the child has been reaped.
@@ -190,6 +190,10 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   }
   a.new_session = opts.Get("newSession").ToBoolean().Value();
   a.new_group = opts.Get("newGroup").ToBoolean().Value();
+  // copyFdTable: clone without CLONE_FILES (the child gets a full copy of
+  // the table at clone), for tools that cannot follow a child sharing it,
+  // such as valgrind, which refuses such a clone outright.
+  bool copy_fd_table = opts.Get("copyFdTable").ToBoolean().Value();
 
   // The child's stack lives in this frame: CLONE_VFORK keeps this thread
   // suspended, and so off this memory, until the child execs or exits.
@@ -209,7 +213,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   // inherits it if we die.
   int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD;
   AddonData* data = GetData(env);
-  bool use_slots = data->spawn_slot_null >= 0;
+  bool use_slots = data->spawn_slot_null >= 0 && !copy_fd_table;
   if (use_slots) {
     // Sources above the slots are dup3()'d onto them (dup3, not dup2: the
     // slot must stay close-on-exec, or another thread's child would inherit

@@ -33,7 +33,7 @@ export interface NativeAddon {
     file: string,
     argv: string[],
     envp: string[] | null,
-    options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean },
+    options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean; copyFdTable?: boolean },
   ): { pid: number; pidfd: number };
   constants: {
     LOCK_EX: number;

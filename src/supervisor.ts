@@ -100,7 +100,6 @@ export class Supervisor {
   /** @internal */ readonly table = new Map<string, Tracked>();
   #busy = new Set<string>();
   #closed = false;
-  #recovered = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
 
@@ -148,9 +147,7 @@ export class Supervisor {
    */
   async recover(): Promise<RecoveryReport> {
     this.#assertOpen();
-    const report = await recover(this);
-    this.#recovered = true;
-    return report;
+    return recover(this);
   }
 
   /** @internal: registers an adopted or launched process and watches its exit. */
@@ -467,11 +464,6 @@ export class Supervisor {
 
   #assertOpen(): void {
     if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', 'this supervisor is closed');
-  }
-
-  /** @internal */
-  get recovered(): boolean {
-    return this.#recovered;
   }
 
   async [Symbol.for('nodejs.asyncDispose')](): Promise<void> {

@@ -33,15 +33,23 @@ export interface TerminateResult {
   signal: NodeJS.Signals | null;
 }
 
-export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<TerminateResult> {
-  if (!(handle instanceof ProcessHandle)) throw new InvalidArgError('terminate() needs a ProcessHandle (from open() or spawn())');
+/** Validates a terminate call (before any signal) and fills in the defaults. */
+export function terminateParams(handle: unknown, options: TerminateOptions, what: string) {
+  if (!(handle instanceof ProcessHandle)) throw new InvalidArgError(`${what}() needs a ProcessHandle (from open() or spawn())`);
   assertSignallable(handle.pid);
-  const termSignal = signalNumber(options.termSignal ?? 'SIGTERM');
-  const killSignal = signalNumber(options.killSignal ?? 'SIGKILL');
-  const graceMs = options.graceMs ?? 2000;
-  const killWaitMs = options.killWaitMs ?? 5000;
-  assertDuration(graceMs, 'graceMs');
-  assertDuration(killWaitMs, 'killWaitMs');
+  const params = {
+    termSignal: signalNumber(options.termSignal ?? 'SIGTERM'),
+    killSignal: signalNumber(options.killSignal ?? 'SIGKILL'),
+    graceMs: options.graceMs ?? 2000,
+    killWaitMs: options.killWaitMs ?? 5000,
+  };
+  assertDuration(params.graceMs, 'graceMs');
+  assertDuration(params.killWaitMs, 'killWaitMs');
+  return params;
+}
+
+export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<TerminateResult> {
+  const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(handle, options, 'terminate');
   const abort = options.signal;
   if (abort?.aborted) await within(Promise.resolve(), 0, abort);
 

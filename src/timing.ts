@@ -31,7 +31,3 @@ export function within<T>(promise: Promise<T>, ms: number, signal?: AbortSignal)
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return within(new Promise<never>(() => {}), ms, signal).then(() => undefined);
 }
-
-export function throwIfAborted(signal?: AbortSignal): void {
-  if (signal?.aborted) throw new AbortError(signal.reason);
-}

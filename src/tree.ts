@@ -6,13 +6,11 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { backend } from './backend/index.js';
 import { parseStat } from './proc.js';
-import { InvalidArgError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { toIdentity } from './identity.js';
-import { signalNumber } from './signals.js';
 import { TIMED_OUT, within } from './timing.js';
-import type { TerminateResult } from './terminate.js';
-import { assertDuration, assertPid, assertSignallable } from './validate.js';
+import { terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
+import { assertPid } from './validate.js';
 
 /** Children of pid from /proc/<pid>/task/*\/children (every thread's), or from a ppid scan where that file does not exist. */
 function childPids(pid: number): number[] {
@@ -83,19 +81,13 @@ export function descendants(pid: number, options: { reapIfChild?: boolean } = {}
   return out;
 }
 
-export interface TreeTerminateOptions {
-  termSignal?: NodeJS.Signals | number;
-  killSignal?: NodeJS.Signals | number;
-  graceMs?: number;
-  killWaitMs?: number;
-  signal?: AbortSignal;
-  onEscalate?: (info: { pid: number; graceMs: number }) => void;
+export interface TreeTerminateOptions extends TerminateOptions {
   /** @internal: members that become our children (as a subreaper) are reaped; for custody's own instances only. */
   reapIfChild?: boolean;
 }
 
 export interface TreeTerminateResult extends TerminateResult {
-  /** Every pid that was signalled, the root first. */
+  /** Every member of the tree, the root first. */
   members: number[];
 }
 
@@ -105,16 +97,8 @@ export interface TreeTerminateResult extends TerminateResult {
  * forked meanwhile is caught), then KILL to what remains, then proven gone.
  */
 export async function terminateTree(root: ProcessHandle, options: TreeTerminateOptions = {}): Promise<TreeTerminateResult> {
-  if (!(root instanceof ProcessHandle)) throw new InvalidArgError('terminateTree() needs a ProcessHandle');
-  assertSignallable(root.pid);
-  const term = signalNumber(options.termSignal ?? 'SIGTERM');
-  const kill = signalNumber(options.killSignal ?? 'SIGKILL');
-  const graceMs = options.graceMs ?? 2000;
-  const killWaitMs = options.killWaitMs ?? 5000;
-  assertDuration(graceMs, 'graceMs');
-  assertDuration(killWaitMs, 'killWaitMs');
+  const { termSignal: term, killSignal: kill, graceMs, killWaitMs } = terminateParams(root, options, 'terminateTree');
   const members = new Map<number, ProcessHandle>([[root.pid, root]]);
-  const signalled = new Set<number>();
   const rootWasAlive = root.isAlive();
   const sweepIn = (sig: number) => {
     // Scan from every member still alive: an orphan of a dead member has a new parent, but it was pinned when first seen.
@@ -125,7 +109,7 @@ export async function terminateTree(root: ProcessHandle, options: TreeTerminateO
         else members.set(d.pid, d);
       }
     }
-    for (const m of members.values()) if (m.signal(sig)) signalled.add(m.pid);
+    for (const m of members.values()) m.signal(sig);
   };
   const allGone = () => Promise.all([...members.values()].map((m) => m.gone));
   try {

@@ -123,7 +123,7 @@ export interface SpawnOptions {
   cwd?: string;
   /** A new session (setsid): for long-lived processes that must not share our terminal or process group. */
   detached?: boolean;
-  /** A new process group (setpgid), so the group can be signalled as one. Implied by detached. */
+  /** A new process group (setpgid), so the group can be signalled as one. Implied by detached; on the js backend it also means a new session (child_process has no setpgid alone). */
   newGroup?: boolean;
   /** argv[0] as the program sees it; the command by default. */
   argv0?: string;

@@ -86,6 +86,31 @@ describe(`spawn (${backend.name})`, () => {
     if (backend.name === 'native') expect(fds.filter((fd) => fd > 3)).toEqual([]);
   });
 
+  it('puts the child in a new process group when asked, and can hand it our stdio', async () => {
+    const g = spawn('sleep', ['30'], { newGroup: true, stdio: 'inherit' });
+    try {
+      await waitFor(() => procStat(g.pid)?.[0] === 'S', 5000, 'sleep');
+      const st = procStat(g.pid)!;
+      expect(Number(st[2])).toBe(g.pid); // its own process group
+      // Still our session on native; child_process can only setsid.
+      if (backend.name === 'native') expect(Number(st[3])).not.toBe(g.pid);
+      const { readlinkSync } = await import('node:fs');
+      expect(readlinkSync(`/proc/${g.pid}/fd/1`)).toBe(readlinkSync('/proc/self/fd/1'));
+    } finally {
+      g.signal('SIGKILL');
+      await g.exited;
+    }
+  });
+
+  it('never reaps a child that Node\'s child_process owns, even with a handle open on it', async () => {
+    const child = cpSpawn('sh', ['-c', 'exit 7'], { stdio: 'ignore' });
+    const h = open(child.pid!);
+    const [code] = await Promise.all([new Promise((r) => child.once('exit', (c) => r(c))), h.gone]);
+    // libuv still got the status: nobody else reaped its child.
+    expect(code).toBe(7);
+    h.close();
+  });
+
   it('detaches into a new session when asked', async () => {
     const h = spawn('sleep', ['30'], { detached: true });
     try {

@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { Supervisor, verify, type CustodyEvent } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, loggedSignals, MARKER } from './helpers/procs.js';
+import { isGone, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { LAUNCHER, openSupervisor, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -218,6 +218,62 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(existsSync(join(ctx.stateDir, 'self'))).toBe(false);
     expect(existsSync(socket)).toBe(false);
     expect(await ctx.supervisor.stop('self')).toMatchObject({ outcome: 'already-gone' });
+  });
+
+  it('takes the pid from a function and readiness from a check; lists the launch as starting meanwhile', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'fn.sock');
+    const pidfile = join(ctx.root, 'fn.pid');
+    let release!: () => void;
+    const readyGate = new Promise<void>((r) => (release = r));
+    const seen: string[] = [];
+    const launching = ctx.supervisor.launch({
+      id: 'fn',
+      command: LAUNCHER,
+      args: (t) => [pidfile, '0', PYTHON, ...vmArgs(socket, t)],
+      // A transient unit's MainPID, in miniature: ask something else for the pid.
+      pid: async () => {
+        await waitFor(() => existsSync(pidfile) && readFileSync(pidfile, 'utf8').trim(), 5000, 'pidfile');
+        return Number(readFileSync(pidfile, 'utf8'));
+      },
+      executable: PYTHON,
+      ready: async (inst) => {
+        seen.push(`ready check for pid ${inst.pid}`);
+        await readyGate;
+      },
+    });
+    await waitFor(() => seen.length > 0, 5000, 'ready check');
+    expect(ctx.supervisor.list()).toEqual([{ id: 'fn', status: 'starting', pid: null }]);
+    release();
+    const inst = await launching;
+    expect(seen).toEqual([`ready check for pid ${inst.pid}`]);
+    expect(inst.identity.argv[0]).toBe(PYTHON);
+    expect(ctx.supervisor.list()).toEqual([{ id: 'fn', status: 'running', pid: inst.pid }]);
+    // The manifest is private: dir 0700, file 0600.
+    const { statSync } = await import('node:fs');
+    expect(statSync(ctx.stateDir).mode & 0o777).toBe(0o700);
+    expect(statSync(join(ctx.stateDir, 'fn')).mode & 0o777).toBe(0o700);
+    expect(statSync(join(ctx.stateDir, 'fn', 'manifest.json')).mode & 0o777).toBe(0o600);
+    await ctx.supervisor.stop('fn', { graceMs: 5000 });
+  });
+
+  it('without an event sink, an escalation still reaches the process as a warning', async () => {
+    const dir = tmpDir('custody-nosink-');
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    const { supervisor } = await Supervisor.open({ stateDir: join(dir.path, 'state') });
+    try {
+      const socket = join(dir.path, 'w.sock');
+      await supervisor.launch({ id: 'w', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term']), ready: { socket } });
+      expect(await supervisor.stop('w', { graceMs: 100 })).toMatchObject({ escalated: true });
+      await new Promise((r) => setImmediate(r));
+      expect(warnings.map((w) => (w as Error & { code?: string }).code)).toContain('CUSTODY_ESCALATE');
+    } finally {
+      process.off('warning', onWarning);
+      await supervisor.close();
+      dir.cleanup();
+    }
   });
 
   it('holds the state dir: a second supervisor gets ERR_CUSTODY_STATE_LOCKED naming the holder', async () => {

@@ -335,7 +335,8 @@ export class JsBackend implements Backend {
               }),
             ),
       stdio: req.stdio.map((t) => (typeof t === 'object' ? t.fd : t)),
-      detached: req.newSession,
+      // child_process cannot setpgid alone: a new group comes with a new session here.
+      detached: req.newSession || req.newGroup,
     });
     if (child.pid === undefined) {
       // child_process reports exec failure asynchronously; surface it as the

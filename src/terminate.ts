@@ -3,7 +3,7 @@
  * process that is already gone is success. Signals go only through the
  * handle's pin, so they reach the proven process or nobody.
  */
-import { InvalidArgError, StopTimeoutError } from './errors.js';
+import { AbortError, InvalidArgError, StopTimeoutError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { signalNumber } from './signals.js';
 import { TIMED_OUT, within } from './timing.js';
@@ -51,7 +51,7 @@ export function terminateParams(handle: unknown, options: TerminateOptions, what
 export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<TerminateResult> {
   const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(handle, options, 'terminate');
   const abort = options.signal;
-  if (abort?.aborted) await within(Promise.resolve(), 0, abort);
+  if (abort?.aborted) throw new AbortError(abort.reason);
 
   const done = (outcome: TerminateResult['outcome'], escalated: boolean, status: ExitStatus): TerminateResult => ({
     outcome,

@@ -30,13 +30,35 @@ void ThrowErrno(const Napi::Env& env, int err, const char* syscall) {
   throw ErrnoError(env, err, syscall);
 }
 
-int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name) {
-  // The TypeScript layer validates; this guard only keeps a wrong call from
-  // reaching the kernel with a garbage value.
+int64_t ArgInteger(const Napi::CallbackInfo& info, size_t i, const char* name, int64_t min, int64_t max) {
+  // The TypeScript layer validates; this guard keeps a wrong call from
+  // reaching the kernel with a different value than it asked for. A double
+  // is never narrowed: Int32Value(2^32 + 5) is 5, which would pin pid 5.
+  Napi::Env env = info.Env();
   if (info.Length() <= i || !info[i].IsNumber()) {
-    throw Napi::TypeError::New(info.Env(), std::string(name) + " must be a number");
+    throw Napi::TypeError::New(env, std::string(name) + " must be a number");
   }
-  return info[i].As<Napi::Number>().Int32Value();
+  double v = info[i].As<Napi::Number>().DoubleValue();
+  if (!(v >= static_cast<double>(min) && v <= static_cast<double>(max)) || v != static_cast<double>(static_cast<int64_t>(v))) {
+    Napi::Error err = Napi::RangeError::New(
+        env, std::string(name) + " must be an integer from " + std::to_string(min) + " to " + std::to_string(max));
+    err.Set("code", Napi::String::New(env, "ERR_OUT_OF_RANGE"));
+    throw err;
+  }
+  return static_cast<int64_t>(v);
+}
+
+int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name) {
+  return static_cast<int>(ArgInteger(info, i, name, INT32_MIN, INT32_MAX));
+}
+
+// PID_MAX_LIMIT on 64-bit kernels is 2^22; no pid is larger in any namespace.
+int ArgPid(const Napi::CallbackInfo& info, size_t i) {
+  return static_cast<int>(ArgInteger(info, i, "pid", 1, 4194304));
+}
+
+int ArgFd(const Napi::CallbackInfo& info, size_t i) {
+  return static_cast<int>(ArgInteger(info, i, "fd", 0, INT32_MAX));
 }
 
 namespace {
@@ -44,7 +66,7 @@ namespace {
 // close(2). Closing a pidfd we track also forgets it. EINTR is not retried:
 // on Linux the fd is released even when close reports EINTR.
 Napi::Value CloseFd(const Napi::CallbackInfo& info) {
-  int fd = ArgInt(info, 0, "fd");
+  int fd = ArgFd(info, 0);
   AddonData* data = GetData(info.Env());
   data->pidfds.erase(fd);
   if (close(fd) == -1 && errno != EINTR) ThrowErrno(info.Env(), errno, "close");
@@ -54,7 +76,7 @@ Napi::Value CloseFd(const Napi::CallbackInfo& info) {
 // flock(2) on an fd JavaScript opened (fs.openSync): the state dir's lock.
 // LOCK_NB comes from the caller; EWOULDBLOCK says another holder has it.
 Napi::Value Flock(const Napi::CallbackInfo& info) {
-  int fd = ArgInt(info, 0, "fd");
+  int fd = ArgFd(info, 0);
   int op = ArgInt(info, 1, "operation");
   if (CUSTODY_RETRY_EINTR(flock(fd, op)) == -1) ThrowErrno(info.Env(), errno, "flock");
   return info.Env().Undefined();

@@ -108,7 +108,18 @@ AddonData* GetData(const Napi::Env& env);
 Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall);
 [[noreturn]] void ThrowErrno(const Napi::Env& env, int err, const char* syscall);
 
+// Integer arguments, range-checked (RangeError with code ERR_OUT_OF_RANGE).
+int64_t ArgInteger(const Napi::CallbackInfo& info, size_t i, const char* name, int64_t min, int64_t max);
 int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name);
+int ArgPid(const Napi::CallbackInfo& info, size_t i);
+int ArgFd(const Napi::CallbackInfo& info, size_t i);
+
+// argv is bytes. A string crossing from the kernel to JavaScript decodes
+// valid UTF-8 as such and every byte of an invalid sequence as the lone
+// surrogate U+DC00 + byte (Python's surrogateescape), so no two byte strings
+// map to one JavaScript string; EncodeBytes is the exact inverse.
+Napi::String DecodeBytes(const Napi::Env& env, const char* data, size_t len);
+std::string EncodeBytes(const Napi::Value& v, const char* name);
 
 void InitPidfd(Napi::Env env, Napi::Object exports);
 void InitProc(Napi::Env env, Napi::Object exports);

@@ -71,7 +71,7 @@ void OnPidfdReadable(uv_poll_t* handle, int status, int /*events*/) {
 }
 
 Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
-  int pid = ArgInt(info, 0, "pid");
+  int pid = ArgPid(info, 0);
   unsigned int flags = info.Length() > 1 ? static_cast<unsigned int>(ArgInt(info, 1, "flags")) : 0;
   // pidfd_open (Linux 5.3) returns a CLOEXEC fd for a thread-group leader.
   int fd = static_cast<int>(syscall(__NR_pidfd_open, pid, flags));
@@ -83,8 +83,8 @@ Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
 // pidfd_send_signal (Linux 5.1): the signal reaches the process the pidfd was
 // opened on or nobody (ESRCH); never a later owner of the same pid.
 Napi::Value PidfdSendSignal(const Napi::CallbackInfo& info) {
-  int fd = ArgInt(info, 0, "fd");
-  int sig = ArgInt(info, 1, "signal");
+  int fd = ArgFd(info, 0);
+  int sig = static_cast<int>(ArgInteger(info, 1, "signal", 0, 64));
   if (syscall(__NR_pidfd_send_signal, fd, sig, nullptr, 0) == -1) {
     ThrowErrno(info.Env(), errno, "pidfd_send_signal");
   }
@@ -97,7 +97,7 @@ Napi::Value PidfdSendSignal(const Napi::CallbackInfo& info) {
 // code or signal number. Only meaningful for our own children (ECHILD else).
 Napi::Value Waitid(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  int fd = ArgInt(info, 0, "fd");
+  int fd = ArgFd(info, 0);
   int options = ArgInt(info, 1, "options");
   siginfo_t si;
   memset(&si, 0, sizeof si);
@@ -117,7 +117,7 @@ Napi::Value Waitid(const Napi::CallbackInfo& info) {
 // kernel records it only once the process has been reaped by its parent.
 Napi::Value PidfdGetExitInfo(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  int fd = ArgInt(info, 0, "fd");
+  int fd = ArgFd(info, 0);
   custody_pidfd_info pi;
   memset(&pi, 0, sizeof pi);
   pi.mask = CUSTODY_PIDFD_INFO_EXIT;
@@ -133,7 +133,7 @@ Napi::Value PidfdGetExitInfo(const Napi::CallbackInfo& info) {
 // inode numbers are 64-bit.
 Napi::Value PidfsId(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  int fd = ArgInt(info, 0, "fd");
+  int fd = ArgFd(info, 0);
   struct statfs sfs;
   if (fstatfs(fd, &sfs) == -1) ThrowErrno(env, errno, "fstatfs");
   if (static_cast<unsigned long>(sfs.f_type) != PIDFS_MAGIC) return env.Null();
@@ -146,7 +146,7 @@ Napi::Value PidfsId(const Napi::CallbackInfo& info) {
 // loop when the pidfd becomes readable (the process exited).
 Napi::Value Watch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  int fd = ArgInt(info, 0, "fd");
+  int fd = ArgFd(info, 0);
   if (info.Length() < 2 || !info[1].IsFunction()) throw Napi::TypeError::New(env, "callback must be a function");
   AddonData* data = GetData(env);
   auto* w = new ExitWatcher();
@@ -172,7 +172,7 @@ Napi::Value Watch(const Napi::CallbackInfo& info) {
 }
 
 ExitWatcher* FindWatcher(const Napi::CallbackInfo& info) {
-  uint32_t id = static_cast<uint32_t>(ArgInt(info, 0, "watcher"));
+  uint32_t id = static_cast<uint32_t>(ArgInteger(info, 0, "watcher", 0, UINT32_MAX));
   AddonData* data = GetData(info.Env());
   auto it = data->watchers.find(id);
   return it == data->watchers.end() ? nullptr : it->second;

@@ -123,9 +123,152 @@ Napi::Value ParseStatJs(const Napi::CallbackInfo& info) {
   return StatToObject(env, st);
 }
 
-// Reads a whole file by path. Returns 0 or an errno.
-int ReadPath(const std::string& path, std::string* out) {
-  return ReadAt(AT_FDCWD, path.c_str(), out);
+// Length of the valid UTF-8 sequence at p (RFC 3629: shortest form only,
+// no UTF-16 surrogates, nothing above U+10FFFF), with its code point; 0 when
+// the bytes there are not one. The same rule as Node's buffer.isUtf8, so the
+// js backend decodes every byte string exactly as this addon does.
+size_t Utf8Sequence(const unsigned char* p, size_t n, uint32_t* cp) {
+  unsigned char b = p[0];
+  if (b < 0x80) {
+    *cp = b;
+    return 1;
+  }
+  size_t len;
+  uint32_t min;
+  if (b >= 0xC2 && b <= 0xDF) {
+    len = 2, min = 0x80, *cp = b & 0x1F;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    len = 3, min = 0x800, *cp = b & 0x0F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    len = 4, min = 0x10000, *cp = b & 0x07;
+  } else {
+    return 0;
+  }
+  if (n < len) return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((p[i] & 0xC0) != 0x80) return 0;
+    *cp = (*cp << 6) | (p[i] & 0x3F);
+  }
+  if (*cp < min || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF)) return 0;
+  return len;
+}
+
+
+// Errors that mean "this process is gone", as opposed to "the kernel could
+// not answer" (EMFILE, ENFILE, ENOMEM, EIO...), which must never be read as
+// an answer: a scan that skipped what it could not open would report a live
+// process as absent.
+bool Vanished(int err) { return err == ENOENT || err == ESRCH; }
+
+// stat(/proc/<pid>/exe) follows the magic link to the executable's file.
+// Kernel threads have none (ENOENT), another user's process may deny it
+// (EACCES, EPERM): no exe. Anything else is an error to report.
+int ReadExe(int dir, bool* has_exe, struct stat* exe) {
+  *has_exe = fstatat(dir, "exe", exe, 0) == 0;
+  if (*has_exe || errno == ENOENT || errno == EACCES || errno == EPERM) return 0;
+  return errno;
+}
+
+// A thread-group leader that called pthread_exit while other threads run is
+// a zombie in /proc/<pid>/stat, yet the process is alive; its cmdline and
+// exe read empty because both come from the mm, which the leader dropped.
+// Returns a dir fd on a live thread of it (the caller closes it) with that
+// thread's state, -1 when no thread lives (the process has exited), or
+// -errno when the task list could not be read.
+int LiveThreadDir(int piddir, int pid, char* state) {
+  int tfd = static_cast<int>(CUSTODY_RETRY_EINTR(openat(piddir, "task", O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+  if (tfd == -1) return Vanished(errno) ? -1 : -errno;
+  DIR* d = fdopendir(tfd);
+  if (d == nullptr) {
+    int err = errno;
+    close(tfd);
+    return -err;
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(d, closedir);
+  std::string text;
+  Stat st;
+  for (;;) {
+    errno = 0;
+    struct dirent* e = readdir(d);
+    if (e == nullptr) return errno == 0 ? -1 : -errno;
+    if (e->d_name[0] < '1' || e->d_name[0] > '9' || atoll(e->d_name) == pid) continue;
+    int thread = static_cast<int>(CUSTODY_RETRY_EINTR(openat(tfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+    if (thread == -1) {
+      if (Vanished(errno)) continue;
+      return -errno;
+    }
+    int err = ReadAt(thread, "stat", &text);
+    if (err == 0 && ParseStat(text, &st) && st.state != 'Z' && st.state != 'X') {
+      *state = st.state;
+      return thread;
+    }
+    close(thread);
+    if (err != 0 && !Vanished(err)) return -err;
+  }
+}
+
+// What one consistent read of a process yields.
+struct IdentityRead {
+  Stat st;  // the thread-group leader's: start ticks, ppid, session, comm
+  char state = '?';  // the leader's, or a live thread's when the leader is a zombie
+  std::string cmdline;
+  bool has_exe = false;
+  struct stat exe;
+  long long uid = -1;
+};
+
+// The real uid from PIDFD_GET_INFO (Linux 6.13): one ioctl instead of
+// rendering /proc/<pid>/status, the costliest file the kernel makes here.
+int ReadUid(int pidfd, int piddir, long long* uid) {
+  custody_pidfd_info pi;
+  memset(&pi, 0, sizeof pi);
+  pi.mask = CUSTODY_PIDFD_INFO_CREDS;
+  if (pidfd >= 0 && ioctl(pidfd, CUSTODY_PIDFD_GET_INFO, &pi) == 0 && (pi.mask & CUSTODY_PIDFD_INFO_CREDS)) {
+    *uid = pi.ruid;
+    return 0;
+  }
+  std::string text;
+  int err = ReadAt(piddir, "status", &text);
+  if (err != 0) return err;
+  *uid = ParseStatusUid(text);
+  return 0;
+}
+
+// How often a read is repeated while an exec keeps moving under it.
+constexpr int kExecRetries = 8;
+
+// Exec is a seam: cmdline and exe change together in the kernel (both come
+// from the mm that execve swaps in), but a reader can land between reading
+// one and the other and record a launcher's argv with its target's exe. So:
+// stat, cmdline, exe, uid, cmdline again, stat again, and repeat while the
+// cmdline or comm (exec sets it) moved. Returns 0, EAGAIN after
+// kExecRetries moving reads, or the errno of a failed read.
+int ReadIdentity(int pidfd, int piddir, int pid, IdentityRead* out) {
+  std::string again;
+  std::string text;
+  for (int attempt = 0; attempt < kExecRetries; attempt++) {
+    int err = ReadAt(piddir, "stat", &text);
+    if (err != 0) return err;
+    if (!ParseStat(text, &out->st)) return EPROTO;
+    out->state = out->st.state;
+    Fd thread(-1);
+    if (out->st.state == 'Z') {
+      int t = LiveThreadDir(piddir, pid, &out->state);
+      if (t < -1) return -t;
+      thread.fd = t;
+    }
+    int src = thread.fd >= 0 ? thread.fd : piddir;
+    if ((err = ReadAt(src, "cmdline", &out->cmdline)) != 0) return err;
+    if ((err = ReadExe(src, &out->has_exe, &out->exe)) != 0) return err;
+    if ((err = ReadUid(pidfd, piddir, &out->uid)) != 0) return err;
+    if ((err = ReadAt(src, "cmdline", &again)) != 0) return err;
+    if ((err = ReadAt(piddir, "stat", &text)) != 0) return err;
+    Stat st2;
+    if (!ParseStat(text, &st2)) return EPROTO;
+    bool leader_died = (st2.state == 'Z') != (out->st.state == 'Z');
+    if (again == out->cmdline && st2.comm == out->st.comm && !leader_died) return 0;
+  }
+  return EAGAIN;
 }
 
 // inspect(pid, procRoot, keepPidfd) ->
@@ -135,14 +278,17 @@ int ReadPath(const std::string& path, std::string* out) {
 // exeIno are -1 when there is no readable exe; pidfsId is null off pidfs;
 // pidfd is -1 unless keepPidfd.
 //
-// The race-free sequence: pidfd_open first pins the process we mean; the
-// /proc reads follow; then signal 0 through the pidfd. If the process was
-// reaped meanwhile its pid may belong to someone else by now and the reads
-// may describe that someone: ESRCH, and the reads are discarded. A zombie is
-// not reaped, still owns its pid, and is reported as what it is (state Z).
+// The race-free sequence: pidfd_open first pins the process we mean (and
+// fails with EINVAL for a thread that is not a thread-group leader: a TID is
+// not a process); a dir fd on /proc/<pid> follows, and every read goes
+// through it (reads of a process that died return ESRCH, never another's);
+// then signal 0 through the pidfd. If the process was reaped meanwhile its
+// pid may belong to someone else by now: ESRCH, and the reads are discarded.
+// A zombie is not reaped, still owns its pid, and is reported as what it is
+// (state Z) unless other threads of it still run.
 Napi::Value Inspect(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  int pid = ArgInt(info, 0, "pid");
+  int pid = ArgPid(info, 0);
   std::string root = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "/proc";
   // keepPidfd: hand the pinning pidfd to the caller (open() signals through
   // the very pidfd the identity was verified with).
@@ -159,36 +305,14 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
     ThrowErrno(env, err, call);
   };
 
-  std::string dir = root + "/" + std::to_string(pid) + "/";
-  std::string text;
-  int err = ReadPath(dir + "stat", &text);
+  std::string dir = root + "/" + std::to_string(pid);
+  int piddir = static_cast<int>(CUSTODY_RETRY_EINTR(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+  if (piddir == -1) fail(errno, "open");
+  Fd piddir_guard(piddir);
+
+  IdentityRead r;
+  int err = ReadIdentity(pidfd, piddir, pid, &r);
   if (err != 0) fail(err, "read");
-  Stat st;
-  if (!ParseStat(text, &st)) fail(EPROTO, "read");
-
-  std::string cmdline;
-  err = ReadPath(dir + "cmdline", &cmdline);
-  if (err != 0) fail(err, "read");
-
-  // The real uid from PIDFD_GET_INFO (Linux 6.13): one ioctl instead of
-  // rendering /proc/<pid>/status, the costliest file the kernel makes here.
-  long long uid = -1;
-  custody_pidfd_info pi;
-  memset(&pi, 0, sizeof pi);
-  pi.mask = CUSTODY_PIDFD_INFO_CREDS;
-  if (ioctl(pidfd, CUSTODY_PIDFD_GET_INFO, &pi) == 0 && (pi.mask & CUSTODY_PIDFD_INFO_CREDS)) {
-    uid = pi.ruid;
-  } else {
-    err = ReadPath(dir + "status", &text);
-    if (err != 0) fail(err, "read");
-    uid = ParseStatusUid(text);
-  }
-
-  // stat() through the exe link names the executable's file, not the link.
-  // Kernel threads have no exe (ENOENT); another user's process may deny it
-  // (EACCES): both give -1, and verify treats an unknown exe as unknown.
-  struct stat exe_st;
-  bool has_exe = stat((dir + "exe").c_str(), &exe_st) == 0;
 
   Napi::Value pidfs_id = env.Null();
   struct statfs sfs;
@@ -205,21 +329,21 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
 
   Napi::Array out = Napi::Array::New(env);
   uint32_t i = 0;
-  out.Set(i++, Napi::String::New(env, &st.state, 1));
-  out.Set(i++, Napi::Number::New(env, static_cast<double>(st.ppid)));
-  out.Set(i++, Napi::Number::New(env, static_cast<double>(st.start_ticks)));
-  out.Set(i++, Napi::Number::New(env, static_cast<double>(uid)));
-  out.Set(i++, Napi::Number::New(env, has_exe ? static_cast<double>(exe_st.st_dev) : -1));
-  out.Set(i++, Napi::Number::New(env, has_exe ? static_cast<double>(exe_st.st_ino) : -1));
+  out.Set(i++, Napi::String::New(env, &r.state, 1));
+  out.Set(i++, Napi::Number::New(env, static_cast<double>(r.st.ppid)));
+  out.Set(i++, Napi::Number::New(env, static_cast<double>(r.st.start_ticks)));
+  out.Set(i++, Napi::Number::New(env, static_cast<double>(r.uid)));
+  out.Set(i++, Napi::Number::New(env, r.has_exe ? static_cast<double>(r.exe.st_dev) : -1));
+  out.Set(i++, Napi::Number::New(env, r.has_exe ? static_cast<double>(r.exe.st_ino) : -1));
   out.Set(i++, pidfs_id);
   const uint32_t pidfd_slot = i++;
   out.Set(pidfd_slot, Napi::Number::New(env, -1));
-  out.Set(i++, Napi::Number::New(env, static_cast<double>(st.session)));
+  out.Set(i++, Napi::Number::New(env, static_cast<double>(r.st.session)));
   size_t start = 0;
-  while (start < cmdline.size()) {
-    size_t nul = cmdline.find('\0', start);
-    if (nul == std::string::npos) nul = cmdline.size();
-    out.Set(i++, Napi::String::New(env, cmdline.data() + start, nul - start));
+  while (start < r.cmdline.size()) {
+    size_t nul = r.cmdline.find('\0', start);
+    if (nul == std::string::npos) nul = r.cmdline.size();
+    out.Set(i++, DecodeBytes(env, r.cmdline.data() + start, nul - start));
     start = nul + 1;
   }
   if (keep_pidfd) {
@@ -258,8 +382,11 @@ struct ScanRow {
 // Reads every numeric entry of the proc root: stat and cmdline through a
 // per-process directory fd (so both describe the same process), and the
 // directory's owner. No pidfds, no JavaScript: this runs on the threadpool.
-// Processes that vanish mid-scan are skipped. Returns 0 or an errno.
-int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows) {
+// A process that vanishes mid-scan is skipped; any other failure (EMFILE
+// with a few free fds, ENOMEM) ends the scan with its errno and the call
+// that failed, because skipping it would report a live process as absent.
+int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const char** call) {
+  *call = "opendir";
   DIR* d = opendir(root.c_str());
   if (d == nullptr) return errno;
   std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
@@ -268,14 +395,34 @@ int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows) {
   for (;;) {
     errno = 0;
     struct dirent* e = readdir(d);
-    if (e == nullptr) return errno;
+    if (e == nullptr) {
+      *call = "readdir";
+      return errno;
+    }
     if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    *call = "openat";
     int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
-    if (pdir == -1) continue;
+    if (pdir == -1) {
+      if (Vanished(errno)) continue;
+      return errno;
+    }
     Fd guard(pdir);
     ScanRow row;
-    if (ReadAt(pdir, "stat", &stat_text) != 0 || !ParseStat(stat_text, &row.stat)) continue;
-    if (ReadAt(pdir, "cmdline", &row.cmdline) != 0) continue;
+    *call = "read";
+    int err = ReadAt(pdir, "stat", &stat_text);
+    if (err == 0 && !ParseStat(stat_text, &row.stat)) err = EPROTO;
+    Fd thread(-1);
+    if (err == 0 && row.stat.state == 'Z') {
+      // A zombie leader with live threads: its argv is readable from them.
+      int t = LiveThreadDir(pdir, static_cast<int>(row.stat.pid), &row.stat.state);
+      if (t < -1) err = -t;
+      thread.fd = t;
+    }
+    if (err == 0) err = ReadAt(thread.fd >= 0 ? thread.fd : pdir, "cmdline", &row.cmdline);
+    if (err != 0) {
+      if (Vanished(err)) continue;
+      return err;
+    }
     // The directory's owner is the process's effective uid (root when it is
     // not dumpable): a hint for filtering, at the cost of one fstat instead
     // of rendering /proc/<pid>/status, a third of the scan. Proof of the
@@ -299,12 +446,19 @@ class ScanWorker : public Napi::AsyncWorker {
 
   Napi::Promise Promise() { return deferred_.Promise(); }
 
-  void Execute() override { err_ = ScanProcesses(root_, &rows_); }
+  void Execute() override {
+    try {
+      err_ = ScanProcesses(root_, &rows_, &call_);
+    } catch (const std::bad_alloc&) {
+      err_ = ENOMEM;
+      call_ = "scan";
+    }
+  }
 
   void OnOK() override {
     Napi::Env env = Env();
     if (err_ != 0) {
-      deferred_.Reject(ErrnoError(env, err_, "readdir").Value());
+      deferred_.Reject(ErrnoError(env, err_, call_).Value());
       return;
     }
     Napi::Array out = Napi::Array::New(env);
@@ -323,7 +477,7 @@ class ScanWorker : public Napi::AsyncWorker {
       while (start < r.cmdline.size()) {
         size_t nul = r.cmdline.find('\0', start);
         if (nul == std::string::npos) nul = r.cmdline.size();
-        out.Set(i++, Napi::String::New(env, r.cmdline.data() + start, nul - start));
+        out.Set(i++, DecodeBytes(env, r.cmdline.data() + start, nul - start));
         argc++;
         start = nul + 1;
       }
@@ -339,7 +493,16 @@ class ScanWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   std::vector<ScanRow> rows_;
   int err_ = 0;
+  const char* call_ = "readdir";
 };
+
+// decodeBytes(buffer) -> string: the addon's decoding, so tests can check
+// that the js backend decodes every byte string identically.
+Napi::Value DecodeBytesJs(const Napi::CallbackInfo& info) {
+  if (info.Length() < 1 || !info[0].IsBuffer()) throw Napi::TypeError::New(info.Env(), "bytes must be a Buffer");
+  auto b = info[0].As<Napi::Buffer<char>>();
+  return DecodeBytes(info.Env(), b.Data(), b.Length());
+}
 
 Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
   std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
@@ -351,11 +514,84 @@ Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
 
 }  // namespace
 
+Napi::String DecodeBytes(const Napi::Env& env, const char* data, size_t len) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data);
+  uint32_t cp;
+  size_t i = 0;
+  while (i < len) {
+    size_t n = Utf8Sequence(p + i, len - i, &cp);
+    if (n == 0) break;
+    i += n;
+  }
+  // Valid UTF-8, the common case: V8 decodes it directly.
+  if (i == len) return Napi::String::New(env, data, len);
+  std::u16string out;
+  out.reserve(len);
+  for (i = 0; i < len;) {
+    size_t n = Utf8Sequence(p + i, len - i, &cp);
+    if (n == 0) {
+      // One undecodable byte (always >= 0x80: ASCII is always valid).
+      out.push_back(static_cast<char16_t>(0xDC00 + p[i]));
+      i++;
+      continue;
+    }
+    if (cp >= 0x10000) {
+      out.push_back(static_cast<char16_t>(0xD800 + ((cp - 0x10000) >> 10)));
+      out.push_back(static_cast<char16_t>(0xDC00 + ((cp - 0x10000) & 0x3FF)));
+    } else {
+      out.push_back(static_cast<char16_t>(cp));
+    }
+    i += n;
+  }
+  return Napi::String::New(env, out.data(), out.size());
+}
+
+std::string EncodeBytes(const Napi::Value& v, const char* name) {
+  Napi::Env env = v.Env();
+  if (v.IsBuffer()) {
+    auto b = v.As<Napi::Buffer<char>>();
+    return std::string(b.Data(), b.Length());
+  }
+  if (!v.IsString()) throw Napi::TypeError::New(env, std::string(name) + " must hold strings or Buffers");
+  std::u16string u = v.As<Napi::String>().Utf16Value();
+  std::string out;
+  out.reserve(u.size());
+  for (size_t i = 0; i < u.size(); i++) {
+    uint32_t c = u[i];
+    if (c >= 0xD800 && c <= 0xDBFF && i + 1 < u.size() && u[i + 1] >= 0xDC00 && u[i + 1] <= 0xDFFF) {
+      c = 0x10000 + ((c - 0xD800) << 10) + (u[++i] - 0xDC00);
+    } else if (c >= 0xDC80 && c <= 0xDCFF) {
+      // An escaped byte, back to itself.
+      out.push_back(static_cast<char>(c - 0xDC00));
+      continue;
+    } else if (c >= 0xD800 && c <= 0xDFFF) {
+      throw Napi::RangeError::New(env, std::string(name) + " holds a lone surrogate that stands for no byte");
+    }
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x800) {
+      out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    } else if (c < 0x10000) {
+      out.push_back(static_cast<char>(0xE0 | (c >> 12)));
+      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    } else {
+      out.push_back(static_cast<char>(0xF0 | (c >> 18)));
+      out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    }
+  }
+  return out;
+}
+
 void InitProc(Napi::Env env, Napi::Object exports) {
   exports.Set("parseStat", Napi::Function::New(env, ParseStatJs, "parseStat"));
   exports.Set("inspect", Napi::Function::New(env, Inspect, "inspect"));
   exports.Set("readBootId", Napi::Function::New(env, ReadBootId, "readBootId"));
   exports.Set("listProcesses", Napi::Function::New(env, ListProcesses, "listProcesses"));
+  exports.Set("decodeBytes", Napi::Function::New(env, DecodeBytesJs, "decodeBytes"));
 }
 
 }  // namespace custody

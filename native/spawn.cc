@@ -136,8 +136,9 @@ std::vector<std::string> StringList(const Napi::Env& env, const Napi::Value& v, 
   out.reserve(arr.Length());
   for (uint32_t i = 0; i < arr.Length(); i++) {
     Napi::Value item = arr.Get(i);
-    if (!item.IsString()) throw Napi::TypeError::New(env, std::string(name) + " must be an array of strings");
-    out.push_back(item.As<Napi::String>().Utf8Value());
+    // EncodeBytes: a string is the surrogateescape form of its bytes (or a
+    // Buffer is the bytes), so an argv read from /proc is re-exec'd exactly.
+    out.push_back(EncodeBytes(item, name));
   }
   return out;
 }
@@ -186,7 +187,11 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   for (uint32_t i = 0; i < 3; i++) {
     Napi::Value fd = stdio_v.As<Napi::Array>().Get(i);
     if (!fd.IsNumber()) throw Napi::TypeError::New(env, "stdio must be three fds");
-    a.stdio[i] = fd.As<Napi::Number>().Int32Value();
+    double v = fd.As<Napi::Number>().DoubleValue();
+    if (!(v >= 0 && v <= INT32_MAX) || v != static_cast<double>(static_cast<int>(v))) {
+      throw Napi::RangeError::New(env, "stdio fds must be integers from 0 to 2^31-1");
+    }
+    a.stdio[i] = static_cast<int>(v);
   }
   a.new_session = opts.Get("newSession").ToBoolean().Value();
   a.new_group = opts.Get("newGroup").ToBoolean().Value();

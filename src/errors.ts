@@ -19,7 +19,10 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_NOT_FOUND'
   | 'ERR_CUSTODY_BUSY'
   | 'ERR_CUSTODY_CLOSED'
-  | 'ERR_CUSTODY_STATE_IO';
+  | 'ERR_CUSTODY_STATE_IO'
+  | 'ERR_CUSTODY_FOREIGN_PROC'
+  | 'ERR_CUSTODY_NOT_A_PROCESS'
+  | 'ERR_CUSTODY_DEFERRED';
 
 export class CustodyError extends Error {
   readonly code: CustodyErrorCode;
@@ -136,6 +139,47 @@ export class StopTimeoutError extends CustodyError {
   constructor(pid: number, waitedMs: number) {
     super('ERR_CUSTODY_STOP_TIMEOUT', `pid ${pid} did not exit within ${waitedMs} ms of SIGKILL (uninterruptible sleep?)`);
     this.pid = pid;
+  }
+}
+
+/**
+ * /proc describes another pid namespace's processes than the ones our pids
+ * (and pidfds) name: reading it would mix two processes. Seen in
+ * `unshare --pid --fork` without `--mount-proc`.
+ */
+export class ForeignProcError extends CustodyError {
+  readonly procRoot: string;
+  constructor(procRoot: string, seenAs: string) {
+    super(
+      'ERR_CUSTODY_FOREIGN_PROC',
+      `${procRoot} belongs to another pid namespace (${procRoot}/self is ${seenAs}, this process is pid ${process.pid}); ` +
+        'mount a /proc of this namespace (unshare --mount-proc) before inspecting processes',
+    );
+    this.procRoot = procRoot;
+  }
+}
+
+/** The pid names a thread that is not its thread group's leader: a TID is not a process. */
+export class NotAProcessError extends CustodyError {
+  readonly pid: number;
+  readonly tgid: number | null;
+  constructor(pid: number, tgid: number | null) {
+    super('ERR_CUSTODY_NOT_A_PROCESS', `pid ${pid} is a thread${tgid ? ` of process ${tgid}` : ''}, not a process`);
+    this.pid = pid;
+    this.tgid = tgid;
+  }
+}
+
+/**
+ * Recovery could not decide this instance now (the kernel could not answer:
+ * EMFILE, ENOMEM, a transient I/O error); a later recover() will. Until
+ * then it is neither launched nor stopped.
+ */
+export class DeferredError extends CustodyError {
+  readonly id: string;
+  constructor(id: string, cause?: unknown) {
+    super('ERR_CUSTODY_DEFERRED', `instance ${id} is deferred: recovery could not decide it yet; call recover() again`, { cause });
+    this.id = id;
   }
 }
 

@@ -1,11 +1,12 @@
 /**
  * Identity: inspect() reads what proves a process is the one we mean;
- * verify() compares a record with the live process, in the order of the
- * design's table. Nothing here signals anything.
+ * verify() compares a record with the live process, in the order of
+ * docs/DESIGN.md ("Identity"). Nothing here signals anything.
  */
 import { backend } from './backend/index.js';
 import type { RawIdentity } from './backend/types.js';
-import { InvalidArgError } from './errors.js';
+import { ownPidNs } from './backend/procview.js';
+import { InvalidArgError, NotAProcessError } from './errors.js';
 import type { ProcessIdentity, VerifyResult } from './types.js';
 import { assertPid } from './validate.js';
 
@@ -20,6 +21,7 @@ export function toIdentity(pid: number, raw: RawIdentity, bootId: string): Proce
     uid: raw.uid,
     ppid: raw.ppid,
     state: raw.state,
+    pidNs: ownPidNs(),
   };
 }
 
@@ -34,12 +36,29 @@ export function inspect(pid: number): ProcessIdentity {
   return toIdentity(pid, backend.inspect(pid), backend.bootId());
 }
 
-/** inspect(), with null for a process that does not exist. */
+/** Whether an inspection failed because there is no process at the pid (a TID is not one), not because the kernel could not answer. */
+export function isNoProcess(err: unknown): boolean {
+  const code = (err as NodeJS.ErrnoException)?.code;
+  return code === 'ESRCH' || code === 'ENOENT' || err instanceof NotAProcessError;
+}
+
+const TRANSIENT = new Set(['EMFILE', 'ENFILE', 'ENOMEM', 'EAGAIN', 'EIO', 'EINTR', 'ENOBUFS']);
+
+/**
+ * Whether an error means "the kernel cannot answer now" (fd or memory
+ * exhaustion, a transient I/O error, an exec that kept moving under the
+ * reads): never an answer about the process, so never "gone" or "no match".
+ */
+export function isTransient(err: unknown): boolean {
+  return TRANSIENT.has((err as NodeJS.ErrnoException)?.code ?? '');
+}
+
+/** inspect(), with null for a process that does not exist. Exhaustion (EMFILE...) is thrown, never read as "no process". */
 export function tryInspect(pid: number): ProcessIdentity | null {
   try {
     return inspect(pid);
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ESRCH' || (err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    if (isNoProcess(err)) return null;
     throw err;
   }
 }
@@ -59,20 +78,26 @@ function sameArgv(a: readonly string[], b: readonly string[]): boolean {
 const present = (v: unknown) => v !== undefined && v !== null && v !== '';
 
 /**
- * Decides whether `live` is the process `recorded` describes:
- * gone → rebooted → unrecorded → reused → mismatch → ok, in that order.
+ * Decides whether `live` is the process `recorded` describes, in this order:
+ * rebooted → unprovable (another pid namespace) → gone → unrecorded →
+ * reused → mismatch → ok. A record from another boot or another namespace
+ * says nothing about whatever runs at its pid here, so those come before
+ * "gone"; and a namespace difference is never a mismatch (that path repairs).
  * Pass `live` as null for "no process at that pid"; omit it to inspect now.
  */
 export function verify(recorded: Partial<ProcessIdentity> & { pid: number }, live?: ProcessIdentity | null): VerifyResult {
   if (recorded === null || typeof recorded !== 'object') throw new InvalidArgError('verify() needs a recorded identity');
   assertPid(recorded.pid, 'recorded.pid');
   if (live === undefined) live = tryInspect(recorded.pid);
-  // A zombie has exited: it holds its pid but is not the running process any more.
-  if (live === null || isZombie(live.state)) return { verdict: 'gone' };
-  if (live.pid !== recorded.pid) {
+  if (live && live.pid !== recorded.pid) {
     throw new InvalidArgError(`verify() compares one pid: recorded ${recorded.pid}, live ${live.pid}`);
   }
-  if (present(recorded.bootId) && recorded.bootId !== live.bootId) return { verdict: 'rebooted', field: 'bootId' };
+  const bootId = live ? live.bootId : backend.bootId();
+  const pidNs = live ? live.pidNs : ownPidNs();
+  if (present(recorded.bootId) && recorded.bootId !== bootId) return { verdict: 'rebooted', field: 'bootId' };
+  if (present(recorded.pidNs) && present(pidNs) && recorded.pidNs !== pidNs) return { verdict: 'unprovable', field: 'pidNs' };
+  // A zombie has exited: it holds its pid but is not the running process any more.
+  if (live === null || isZombie(live.state)) return { verdict: 'gone' };
   if (!present(recorded.bootId)) return { verdict: 'unrecorded', field: 'bootId' };
   if (!present(recorded.startTicks)) return { verdict: 'unrecorded', field: 'startTicks' };
   if (!Array.isArray(recorded.argv)) return { verdict: 'unrecorded', field: 'argv' };

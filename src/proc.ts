@@ -47,6 +47,12 @@ export function splitCmdline(raw: string): string[] {
   return parts;
 }
 
+/** A numeric field of /proc/<pid>/status ("Tgid:\t123"), or null. */
+export function parseStatusField(text: string, name: string): number | null {
+  const m = new RegExp(`^${name}:\\s+(\\d+)`, 'm').exec(text);
+  return m ? Number(m[1]) : null;
+}
+
 /** The real uid from /proc/<pid>/status ("Uid:\treal\teffective\tsaved\tfs"), or -1. */
 export function parseStatusUid(text: string): number {
   const m = /^Uid:\s+(\d+)/m.exec(text);

@@ -8,7 +8,7 @@ import { statSync } from 'node:fs';
 import { backend, capabilities } from './backend/index.js';
 import { BadManifestError } from './errors.js';
 import { ProcessHandle } from './handle.js';
-import { toIdentity, verify } from './identity.js';
+import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
 import { carries, removePaths, tokenCarriers } from './launch.js';
 import { terminate } from './terminate.js';
 import { IncompleteInstanceError, type Manifest } from './store.js';
@@ -27,6 +27,8 @@ export interface RecoveryReport {
   repaired: RecoveryEntry[];
   cleaned: RecoveryEntry[];
   quarantined: RecoveryEntry[];
+  /** Not decided now (the kernel could not answer: EMFILE, ENOMEM, EIO...); a later recover() decides them. */
+  deferred: Array<RecoveryEntry & { error: Error }>;
 }
 
 type Pinned = { identity: ProcessIdentity; handle: ProcessHandle };
@@ -36,8 +38,7 @@ function pin(pid: number): Pinned | null {
     const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
     return { identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) };
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ESRCH' || code === 'ENOENT') return null;
+    if (isNoProcess(err)) return null;
     throw err;
   }
 }
@@ -62,7 +63,7 @@ function exeMatches(m: Manifest, live: ProcessIdentity): boolean {
 }
 
 export async function recover(sup: Supervisor): Promise<RecoveryReport> {
-  const report: RecoveryReport = { adopted: [], repaired: [], cleaned: [], quarantined: [] };
+  const report: RecoveryReport = { adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] };
   // A read error other than ENOENT propagates: open() fails and the next open retries.
   if (!sup.store.exists()) return report;
   const ids = sup.store.ids();
@@ -95,7 +96,23 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
   };
 
   for (const id of ids) {
-    if (sup.table.has(id)) continue;
+    const known = sup.table.get(id);
+    if (known && known.status !== 'deferred') continue;
+    try {
+      await recoverOne(id);
+    } catch (err) {
+      if (!isTransient(err)) throw err;
+      // The kernel could not answer (EMFILE, ENOMEM...): that is no verdict.
+      // Nothing was signalled or removed; a later recover() decides.
+      sup.defer(id, err as Error);
+      const entry = { id, reason: (err as NodeJS.ErrnoException).code ?? 'transient', error: err as Error };
+      report.deferred.push(entry);
+      emit('warning', { id, reason: entry.reason, message: `${id}: recovery deferred (${(err as Error).message}); call recover() again` });
+    }
+  }
+  return report;
+
+  async function recoverOne(id: string): Promise<void> {
     let m: Manifest;
     try {
       m = sup.store.read(id);
@@ -105,38 +122,40 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
         await sup.store.remove(id);
         report.cleaned.push({ id, reason: 'incomplete' });
         emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
-        continue;
+        return;
       }
       if (!(err instanceof BadManifestError)) throw err;
+      // EMFILE opening a manifest says nothing about the manifest.
+      if (isTransient(err.cause)) throw err.cause;
       // Kept on disk for the operator; never deleted, never fatal to the others.
       await quarantine(id, null, 'bad-manifest', undefined, false);
       report.quarantined[report.quarantined.length - 1]!.field = err.message;
-      continue;
+      return;
     }
     if (m.state === 'quarantined') {
       await quarantine(id, m, m.quarantine?.reason ?? 'quarantined', m.quarantine?.field);
-      continue;
+      return;
     }
     if (!provable) {
       if (!sup.options.allowUnprovable || m.state !== 'running') {
         await quarantine(id, m, 'unprovable');
-        continue;
+        return;
       }
       const handle = unprovenHandle(m.identity!.pid);
       sup.track(m, handle);
       report.adopted.push({ id, pid: m.identity!.pid, reason: 'unprovable' });
       emit('warning', { id, pid: m.identity!.pid, message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)` });
-      continue;
+      return;
     }
     if (m.state === 'starting') {
       await recoverStarting(sup, m, report, clean);
-      continue;
+      return;
     }
     const recorded = m.identity!;
     const live = recorded.pid === process.pid ? null : pin(recorded.pid);
     if (recorded.pid === process.pid) {
       await quarantine(id, m, 'unprovable', 'pid');
-      continue;
+      return;
     }
     const v = verify(recorded, live?.identity ?? null);
     switch (v.verdict) {
@@ -144,6 +163,13 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
       case 'rebooted':
         live?.handle.close();
         await clean(m, v.verdict, recorded.pid);
+        break;
+      case 'unprovable':
+        // Recorded in another pid namespace: its pid names some other
+        // process here. Quarantined in memory only, so a supervisor back in
+        // that namespace can still adopt it; release() is the operator's way out.
+        live?.handle.close();
+        await quarantine(id, m, 'unprovable', v.field, false);
         break;
       case 'unrecorded':
       case 'reused':
@@ -182,7 +208,6 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
       }
     }
   }
-  return report;
 }
 
 /** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */

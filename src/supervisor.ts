@@ -5,7 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { statSync } from 'node:fs';
-import { AbortError, CustodyError, InvalidArgError, QuarantinedError } from './errors.js';
+import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import {
@@ -25,17 +25,20 @@ import { terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateTree } from './tree.js';
 import { backend } from './backend/index.js';
+import { displayArg } from './bytes.js';
 import type { ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus } from './types.js';
 import { assertDuration, assertStringArray } from './validate.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined';
+export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
 
 export interface InstanceInfo {
   id: string;
   status: InstanceStatus;
   pid: number | null;
+  /** The live parent pid, read now (a daemon is re-parented after its launcher exits); null once it is gone. */
+  ppid: number | null;
   reason?: string;
   field?: string;
   exit?: ExitStatus;
@@ -90,6 +93,8 @@ interface Tracked {
   field?: string;
   exit?: ExitStatus;
   stopping?: Promise<StopResult>;
+  /** Why recovery deferred it (status 'deferred'). */
+  error?: Error;
 }
 
 export class Supervisor {
@@ -166,6 +171,11 @@ export class Supervisor {
     this.table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
   }
 
+  /** @internal: recovery could not decide this id now; launch and stop refuse it until a later recover() does. */
+  defer(id: string, error: Error): void {
+    this.table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error });
+  }
+
   #onExit(t: Tracked, status: ExitStatus): void {
     if (this.table.get(t.id) !== t || t.stopping || this.#closed) return;
     t.status = 'exited';
@@ -185,6 +195,7 @@ export class Supervisor {
     const { id } = spec;
     const existing = this.table.get(id);
     if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
+    if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);
     if (this.#busy.has(id) || existing?.status === 'running' || existing?.status === 'starting') {
       throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing?.status ?? 'launching'}`);
     }
@@ -308,6 +319,7 @@ export class Supervisor {
     const t = this.table.get(id);
     if (!t || t.status === 'starting') throw notFound(id, t?.status);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
+    if (t.status === 'deferred') throw new DeferredError(id, t.error);
     if (t.stopping) return t.stopping;
     const graceMs = options.graceMs ?? 30_000;
     assertDuration(graceMs, 'graceMs');
@@ -378,14 +390,15 @@ export class Supervisor {
   #reportSweep(options: SweepOptions, r: SweepResult): void {
     const pids = (l: ProcessIdentity[]) => l.map((i) => i.pid);
     if (r.matched.length === 0) return;
+    const argv = validateSweep(options);
     this.emit('sweep', {
-      argv: options.argv,
+      argv,
       dryRun: options.dryRun === true,
       matched: pids(r.matched),
       terminated: pids(r.terminated),
       killed: pids(r.killed),
       survivors: pids(r.survivors),
-      message: `${options.dryRun ? 'would end' : 'ended'} ${r.matched.length} orphan(s) matching ${JSON.stringify(options.argv).slice(0, 120)}`,
+      message: `${options.dryRun ? 'would end' : 'ended'} ${r.matched.length} orphan(s) matching ${JSON.stringify(argv.map(displayArg)).slice(0, 120)}`,
     });
     if (r.killed.length) this.emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
     if (r.survivors.length) this.emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
@@ -422,7 +435,10 @@ export class Supervisor {
   /** Every instance with its status; a quarantined one never hides the others. */
   list(): InstanceInfo[] {
     return [...this.table.values()].map((t) => {
-      const info: InstanceInfo = { id: t.id, status: t.status, pid: t.handle?.pid ?? t.manifest?.identity?.pid ?? null };
+      const pid = t.handle?.pid ?? t.manifest?.identity?.pid ?? null;
+      // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
+      const ppid = t.status === 'running' && t.handle && !t.handle.hasExited ? liveParent(t.handle.pid, t.manifest?.identity?.startTicks) : null;
+      const info: InstanceInfo = { id: t.id, status: t.status, pid, ppid };
       if (t.reason !== undefined) info.reason = t.reason;
       if (t.field !== undefined) info.field = t.field;
       if (t.exit !== undefined) info.exit = t.exit;
@@ -469,6 +485,11 @@ export class Supervisor {
   async [Symbol.for('nodejs.asyncDispose')](): Promise<void> {
     await this.close();
   }
+}
+
+function liveParent(pid: number, startTicks: number | undefined): number | null {
+  const st = backend.stat(pid);
+  return st && st.startTicks === startTicks ? st.ppid : null;
 }
 
 function notFound(id: string, status?: InstanceStatus, wanted = 'running or exited'): CustodyError {

@@ -12,14 +12,18 @@ import { backend } from './backend/index.js';
 import type { RawIdentity } from './backend/types.js';
 import { InvalidArgError } from './errors.js';
 import { ProcessHandle } from './handle.js';
-import { toIdentity } from './identity.js';
+import { isNoProcess, toIdentity } from './identity.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ProcessIdentity } from './types.js';
-import { assertDuration, assertStringArray } from './validate.js';
+import { argvOf, assertDuration } from './validate.js';
 
 export interface SweepOptions {
-  /** The exact argv, argv[0] included. */
-  argv: string[];
+  /**
+   * The exact argv, argv[0] included, compared byte for byte: each element a
+   * string (custody's lossless form, as inspect() reports argv) or the bytes
+   * themselves (a Buffer), so an argv that is not UTF-8 can be named exactly.
+   */
+  argv: Array<string | Uint8Array>;
   /** A basename matches argv[0]'s basename; a path must also be /proc/<pid>/exe (same device and inode). */
   executable?: string;
   /** Only processes of this real uid. Default: ours. */
@@ -56,21 +60,22 @@ function sameArgv(a: readonly string[], b: readonly string[]): boolean {
   return a.length === b.length && a.every((v, i) => v === b[i]);
 }
 
-export function validateSweep(options: SweepOptions): void {
+/** Validates a sweep call; returns its argv as lossless strings. */
+export function validateSweep(options: SweepOptions): string[] {
   if (!options || typeof options !== 'object') throw new InvalidArgError('sweep() needs { argv }');
-  assertStringArray(options.argv, 'argv');
-  if (options.argv.length === 0 || options.argv[0] === '') throw new InvalidArgError('argv must name at least the program (argv[0])');
+  const argv = argvOf(options.argv, 'argv');
+  if (argv.length === 0 || argv[0] === '') throw new InvalidArgError('argv must name at least the program (argv[0])');
   if (options.executable !== undefined && (typeof options.executable !== 'string' || options.executable === '' || options.executable.includes('\0'))) {
     throw new InvalidArgError('executable must be a non-empty string');
   }
   if (options.uid !== undefined && (!Number.isInteger(options.uid) || options.uid < 0)) throw new InvalidArgError('uid must be a non-negative integer');
   if (options.graceMs !== undefined) assertDuration(options.graceMs, 'graceMs');
   if (options.deadlineMs !== undefined) assertDuration(options.deadlineMs, 'deadlineMs');
+  return argv;
 }
 
 export async function sweep(options: SweepOptions): Promise<SweepResult> {
-  validateSweep(options);
-  const { argv } = options;
+  const argv = validateSweep(options);
   const uid = options.uid ?? process.getuid?.() ?? -1;
   const graceMs = options.graceMs ?? 200;
   const deadlineMs = options.deadlineMs ?? 2000;
@@ -102,8 +107,9 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
       if (matches({ pid: p.pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
         pinned.push({ identity: toIdentity(p.pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) });
       } else ref.close();
-    } catch {
-      // exited since the scan
+    } catch (err) {
+      // Exited since the scan; anything else (EMFILE) is no answer and is thrown.
+      if (!isNoProcess(err)) throw err;
     }
   }
   const result: SweepResult = { matched: pinned.map((p) => p.identity), terminated: [], killed: [], survivors: [] };

@@ -9,12 +9,27 @@ export interface ProcessIdentity {
   exe: { dev: number; ino: number } | null;
   /** The pidfs inode number of a pidfd on the process (Linux >= 6.9, native backend), unique per boot. */
   pidfsId: string | null;
+  /**
+   * argv as bytes, each argument in custody's lossless string form: valid
+   * UTF-8 as itself, every other byte as the lone surrogate U+DC00 + byte.
+   * Compare these strings, not their display (see displayArg).
+   */
   argv: string[];
   /** Real uid. */
   uid: number;
   ppid: number;
-  /** One-letter state from /proc/<pid>/stat: R, S, D, Z, T... */
+  /**
+   * One-letter state from /proc/<pid>/stat: R, S, D, Z, T... For a process
+   * whose main thread exited while others run, a live thread's state (such a
+   * process is alive, though its leader shows Z).
+   */
   state: string;
+  /**
+   * The pid namespace the pid is numbered in (the inode of the reader's
+   * /proc/self/ns/pid), or null where it cannot be read. A record from
+   * another namespace names some other process here: unprovable, never gone.
+   */
+  pidNs: number | null;
 }
 
 /** How a process ended. Both null: the kernel could not say (not our child, no PIDFD_INFO_EXIT). */
@@ -23,7 +38,7 @@ export interface ExitStatus {
   signal: NodeJS.Signals | null;
 }
 
-export type Verdict = 'ok' | 'gone' | 'rebooted' | 'unrecorded' | 'reused' | 'mismatch';
+export type Verdict = 'ok' | 'gone' | 'rebooted' | 'unprovable' | 'unrecorded' | 'reused' | 'mismatch';
 
 export interface VerifyResult {
   verdict: Verdict;

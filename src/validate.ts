@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { decodeArg, isByteString } from './bytes.js';
 import { InvalidArgError } from './errors.js';
 
 let pidMaxCache: number | undefined;
@@ -41,7 +42,19 @@ export function assertStringArray(value: unknown, what: string): asserts value i
   }
   for (const v of value) {
     if (v.includes('\0')) throw new InvalidArgError(`${what} must not contain NUL bytes`);
+    if (!isByteString(v)) throw new InvalidArgError(`${what} holds a lone surrogate that stands for no byte (only U+DC80-U+DCFF escape bytes)`);
   }
+}
+
+/**
+ * An argv given as strings (custody's lossless form) or bytes (Buffer,
+ * Uint8Array): the lossless strings, so that comparing them compares bytes.
+ */
+export function argvOf(value: unknown, what: string): string[] {
+  if (!Array.isArray(value)) throw new InvalidArgError(`${what} must be an array of strings or Buffers`);
+  const out = value.map((v) => (v instanceof Uint8Array ? decodeArg(v) : v));
+  assertStringArray(out, what);
+  return out;
 }
 
 export function describe(value: unknown): string {

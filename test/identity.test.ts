@@ -81,19 +81,20 @@ describe(`inspect (${backend.name})`, () => {
       mkdirSync(fake);
       execFileSync('mkfifo', [join(fake, 'stat')]);
       writeFileSync(join(fake, 'cmdline'), 'sleep\u000030\u0000');
-      writeFileSync(join(fake, 'status'), 'Name:\tsleep\nUid:\t0\t0\t0\t0\n');
+      writeFileSync(join(fake, 'status'), `Name:\tsleep\nTgid:\t${pid}\nUid:\t0\t0\t0\t0\n`);
       symlinkSync(`/proc/${pid}/exe`, join(fake, 'exe'));
       const impostor = readFileSync('/proc/self/stat', 'utf8').replace(/^\d+/, String(pid));
-      // The native backend reads stat once, under its pidfd: its read
-      // returns only after the real process is dead and reaped (by its parent
-      // sh), with the impostor's text. The js backend reads stat twice, to
-      // compare start times: the first read gets the real text, the second,
-      // after the death, the impostor's.
+      // The native backend reads stat twice (before and after the other
+      // reads, to see an exec), under its pidfd: its first read returns only
+      // after the real process is dead and reaped (by its parent sh), with
+      // the impostor's text, and so does the second. The js backend reads
+      // stat twice too, to compare start times: the first read gets the real
+      // text, the second, after the death, the impostor's.
       const stat = join(fake, 'stat');
       const killReap = `kill -9 ${pid}; while kill -0 ${pid} 2>/dev/null; do sleep 0.01; done`;
       const script =
         backend.name === 'native'
-          ? `exec 3>"$2"; ${killReap}; printf '%s' "$1" >&3`
+          ? `exec 3>"$2"; ${killReap}; printf '%s' "$1" >&3; exec 3>&-; timeout 5 sh -c 'printf "%s" "$0" > "$1"' "$1" "$2"`
           : `cat /proc/${pid}/stat > "$2"; ${killReap}; timeout 5 sh -c 'printf "%s" "$0" > "$1"' "$1" "$2"`;
       const helper = cpSpawn('sh', ['-c', script, 'helper', impostor, stat], { stdio: 'ignore' });
       // Wait for the real process to exist as the helper starts, then read:

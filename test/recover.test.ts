@@ -62,9 +62,9 @@ describe(`recovery (${backend.name})`, () => {
   it('adopts a verified process, watches it, and stops it like any instance', async () => {
     const s = await launchedThenClosed(['a']);
     const { supervisor, report, events } = await s.reopen();
-    expect(report).toEqual({ adopted: [{ id: 'a', pid: s.pids.a! }], repaired: [], cleaned: [], quarantined: [] });
+    expect(report).toEqual({ adopted: [{ id: 'a', pid: s.pids.a! }], repaired: [], cleaned: [], quarantined: [], deferred: [] });
     expect(events.map((e) => e.type)).toEqual(['adopt']);
-    expect(supervisor.list()).toEqual([{ id: 'a', status: 'running', pid: s.pids.a! }]);
+    expect(supervisor.list()).toEqual([{ id: 'a', status: 'running', pid: s.pids.a!, ppid: expect.any(Number) }]);
     const r = await supervisor.stop('a', { graceMs: 5000 });
     expect(r).toMatchObject({ outcome: 'exited', escalated: false });
     expect(loggedSignals(s.log)).toEqual(['SIGTERM']);
@@ -157,8 +157,8 @@ describe(`recovery (${backend.name})`, () => {
     expect(repaired.identity.startTicks).toBe(f.identity.startTicks);
     // A quarantined instance does not hide or change the others' status.
     expect(supervisor.list()).toEqual([
-      { id: 'fixable', status: 'running', pid: s.pids.fixable! },
-      { id: 'unprovable', status: 'quarantined', pid: s.pids.unprovable!, reason: 'mismatch', field: 'argv' },
+      { id: 'fixable', status: 'running', pid: s.pids.fixable!, ppid: expect.any(Number) },
+      { id: 'unprovable', status: 'quarantined', pid: s.pids.unprovable!, ppid: null, reason: 'mismatch', field: 'argv' },
     ]);
     expect(loggedSignals(s.log)).toEqual([]);
   });
@@ -219,9 +219,9 @@ describe(`recovery (${backend.name})`, () => {
     const stateDir = join(dir.path, 'does', 'not', 'exist');
     const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
     cleanups.push(() => supervisor.close());
-    expect(report).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [] });
+    expect(report).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] });
     const again = await supervisor.recover();
-    expect(again).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [] });
+    expect(again).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] });
   });
 
   it('leaves the guard unarmed when the state dir cannot be read, so the next open retries', async () => {

@@ -28,7 +28,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     const m = manifestOf('vm-1');
     expect(m).toMatchObject({ version: 1, id: 'vm-1', state: 'running', token: inst.token });
     expect(verify(m.identity)).toEqual({ verdict: 'ok' });
-    expect(ctx.supervisor.list()).toEqual([{ id: 'vm-1', status: 'running', pid: inst.pid }]);
+    expect(ctx.supervisor.list()).toEqual([{ id: 'vm-1', status: 'running', pid: inst.pid, ppid: process.pid }]);
     const r = await ctx.supervisor.stop('vm-1', { graceMs: 5000 });
     expect(r).toEqual({ outcome: 'exited', escalated: false, code: 0, signal: null });
     expect(existsSync(join(ctx.stateDir, 'vm-1'))).toBe(false);
@@ -243,12 +243,12 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
       },
     });
     await waitFor(() => seen.length > 0, 5000, 'ready check');
-    expect(ctx.supervisor.list()).toEqual([{ id: 'fn', status: 'starting', pid: null }]);
+    expect(ctx.supervisor.list()).toEqual([{ id: 'fn', status: 'starting', pid: null, ppid: null }]);
     release();
     const inst = await launching;
     expect(seen).toEqual([`ready check for pid ${inst.pid}`]);
     expect(inst.identity.argv[0]).toBe(PYTHON);
-    expect(ctx.supervisor.list()).toEqual([{ id: 'fn', status: 'running', pid: inst.pid }]);
+    expect(ctx.supervisor.list()).toEqual([{ id: 'fn', status: 'running', pid: inst.pid, ppid: expect.any(Number) }]);
     // The manifest is private: dir 0700, file 0600.
     const { statSync } = await import('node:fs');
     expect(statSync(ctx.stateDir).mode & 0o777).toBe(0o700);

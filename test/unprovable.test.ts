@@ -41,7 +41,7 @@ describe(`off Linux, ownership is unprovable (${backend.name})`, () => {
       expect(strict.caps).toMatchObject({ backend: 'js', platform: 'darwin', proc: false, pidfd: false });
       expect(strict.caps.reason).toMatch(/darwin/);
       expect(strict.report.quarantined).toEqual([{ id: 'vm', pid: inst.pid, reason: 'unprovable' }]);
-      expect(strict.list).toEqual([{ id: 'vm', status: 'quarantined', pid: inst.pid, reason: 'unprovable' }]);
+      expect(strict.list).toEqual([{ id: 'vm', status: 'quarantined', pid: inst.pid, ppid: null, reason: 'unprovable' }]);
       // Quarantine is persisted on disk, so release it before the lenient open.
       const { supervisor: s2 } = await Supervisor.open({ stateDir, onEvent: () => {} });
       expect(s2.list()).toMatchObject([{ id: 'vm', status: 'quarantined', reason: 'unprovable' }]);

@@ -27,11 +27,13 @@ export interface NativeAddon {
   parseStat(text: string): StatFields | null;
   inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
   readBootId(path?: string): string;
+  /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
+  decodeBytes(bytes: Buffer): string;
   /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
   listProcesses(procRoot?: string): Promise<Array<string | number>>;
   spawn(
     file: string,
-    argv: string[],
+    argv: Array<string | Buffer>,
     envp: string[] | null,
     options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean; copyFdTable?: boolean },
   ): { pid: number; pidfd: number };

@@ -9,7 +9,10 @@
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, statSync, readdirSync } from 'node:fs';
-import { parseStat, parseStatusUid, splitCmdline } from '../proc.js';
+import { hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
+import { NotAProcessError, UnsupportedError } from '../errors.js';
+import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
+import { assertOwnProc, readStatOf } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -22,26 +25,81 @@ function esrch(pid: number, syscall: string): NodeJS.ErrnoException {
   return err;
 }
 
-/** Reads one /proc file; ENOENT/ESRCH of a vanished process become ESRCH. */
-function readProc(path: string, pid: number): string {
+/** A read that failed because the process is gone, as opposed to one the kernel could not answer (EMFILE, ENOMEM...). */
+const vanished = (err: unknown) => {
+  const code = (err as NodeJS.ErrnoException).code;
+  return code === 'ENOENT' || code === 'ESRCH';
+};
+
+/** Reads one /proc file; ENOENT/ESRCH of a vanished process become ESRCH, every other error stays what it is. */
+function readProc(path: string, pid: number): Buffer {
   try {
-    return readFileSync(path, 'latin1');
+    return readFileSync(path);
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT' || code === 'ESRCH') throw esrch(pid, 'read');
+    if (vanished(err)) throw esrch(pid, 'read');
     throw err;
   }
 }
 
-/** The start ticks of a running process; null when there is none or it is a zombie (exited, not yet reaped). */
+function readStat(path: string, pid: number): StatFields {
+  const stat = parseStat(readProc(path, pid).toString('latin1'));
+  if (!stat) throw Object.assign(new Error(`unparseable ${path}`), { code: 'EPROTO', syscall: 'read' });
+  return stat;
+}
+
+const isDead = (state: string) => state === 'Z' || state === 'X';
+
+/**
+ * A zombie leader whose other threads still run (its main thread called
+ * pthread_exit) is a live process whose own cmdline and exe read empty:
+ * the /proc dir of a live thread of it, with that thread's state, or null.
+ */
+function liveThread(dir: string, pid: number): { dir: string; state: string } | null {
+  let tids: string[];
+  try {
+    tids = readdirSync(`${dir}/task`);
+  } catch (err) {
+    if (vanished(err)) return null;
+    throw err;
+  }
+  for (const tid of tids) {
+    if (tid === String(pid)) continue;
+    try {
+      const st = parseStat(readFileSync(`${dir}/task/${tid}/stat`, 'latin1'));
+      if (st && !isDead(st.state)) return { dir: `${dir}/task/${tid}`, state: st.state };
+    } catch (err) {
+      if (!vanished(err)) throw err;
+    }
+  }
+  return null;
+}
+
+/** The executable's dev/ino; null for a kernel thread (ENOENT) or one we may not look at (EACCES, EPERM). */
+function readExe(dir: string): RawIdentity['exe'] {
+  try {
+    const st = statSync(`${dir}/exe`);
+    return { dev: st.dev, ino: st.ino };
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'EACCES' || code === 'EPERM') return null;
+    throw err;
+  }
+}
+
+/** The start ticks of a live process; null when there is none or it has exited (a zombie with no live thread). */
 function readStartTicks(pid: number, procRoot: string): number | null {
   try {
     const st = parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'));
-    return st && st.state !== 'Z' && st.state !== 'X' ? st.startTicks : null;
+    if (!st) return null;
+    if (isDead(st.state) && liveThread(`${procRoot}/${pid}`, pid) === null) return null;
+    return st.startTicks;
   } catch {
     return null;
   }
 }
+
+/** How often a read is repeated while an exec keeps moving under it (as native/proc.cc does). */
+const EXEC_RETRIES = 8;
 
 /** One shared timer polls every watched non-child: no per-process timers. */
 class ExitPoller {
@@ -258,27 +316,42 @@ export class JsBackend implements Backend {
   }
 
   inspect(pid: number, procRoot = '/proc'): RawIdentity {
+    assertOwnProc(procRoot);
     const dir = `${procRoot}/${pid}`;
-    const stat = parseStat(readProc(`${dir}/stat`, pid));
-    if (!stat) throw Object.assign(new Error(`unparseable ${dir}/stat`), { code: 'EPROTO', syscall: 'read' });
-    const argv = splitCmdline(readProc(`${dir}/cmdline`, pid));
-    const uid = parseStatusUid(readProc(`${dir}/status`, pid));
-    let exe: RawIdentity['exe'] = null;
-    try {
-      const st = statSync(`${dir}/exe`);
-      exe = { dev: st.dev, ino: st.ino };
-    } catch {
-      exe = null;
+    // Exec is a seam: cmdline and exe change together in the kernel, but a
+    // reader can land between them. stat, cmdline, exe, status, cmdline
+    // again, stat again; repeat while the cmdline or comm moved. Paths,
+    // unlike the addon's dir fd, can cross a pid reuse: the start ticks of
+    // both stats must agree (detection, not prevention: capabilities() says so).
+    for (let attempt = 0; attempt < EXEC_RETRIES; attempt++) {
+      const stat = readStat(`${dir}/stat`, pid);
+      let state = stat.state;
+      let src = dir;
+      if (isDead(stat.state)) {
+        const t = liveThread(dir, pid);
+        if (t) [src, state] = [t.dir, t.state];
+      }
+      const cmdline = readProc(`${src}/cmdline`, pid);
+      const exe = readExe(src);
+      const status = readProc(`${dir}/status`, pid).toString('latin1');
+      const tgid = parseStatusField(status, 'Tgid');
+      if (tgid !== pid) throw new NotAProcessError(pid, tgid);
+      const again = readProc(`${src}/cmdline`, pid);
+      const stat2 = readStat(`${dir}/stat`, pid);
+      if (stat2.startTicks !== stat.startTicks) throw esrch(pid, 'read');
+      if (!again.equals(cmdline) || stat2.comm !== stat.comm || isDead(stat2.state) !== isDead(stat.state)) continue;
+      return {
+        state,
+        ppid: stat.ppid,
+        session: stat.session,
+        startTicks: stat.startTicks,
+        argv: splitCmdlineBytes(cmdline),
+        uid: parseStatusUid(status),
+        exe,
+        pidfsId: null,
+      };
     }
-    // Detect (cannot prevent) a pid that changed owner during the reads.
-    let again: number | undefined;
-    try {
-      again = parseStat(readFileSync(`${dir}/stat`, 'latin1'))?.startTicks;
-    } catch {
-      again = undefined;
-    }
-    if (again !== stat.startTicks) throw esrch(pid, 'read');
-    return { state: stat.state, ppid: stat.ppid, session: stat.session, startTicks: stat.startTicks, argv, uid, exe, pidfsId: null };
+    throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), { code: 'EAGAIN', syscall: 'read' });
   }
 
   setChildSubreaper(): boolean {
@@ -290,28 +363,37 @@ export class JsBackend implements Backend {
     return { raw, ref: new JsPidRef(pid, raw.startTicks) };
   }
 
+  stat(pid: number): StatFields | null {
+    return readStatOf(pid);
+  }
+
   bootId(): string {
     return (this.#bootId ??= readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim());
   }
 
   async listProcesses(procRoot = '/proc'): Promise<ProcEntry[]> {
+    assertOwnProc(procRoot);
     const out: ProcEntry[] = [];
     for (const name of readdirSync(procRoot)) {
       if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
+      const dir = `${procRoot}/${name}`;
+      // A process that vanished mid-scan is skipped; any other failure
+      // (EMFILE, ENOMEM) is thrown: skipping would report a live process as absent.
       try {
-        const stat = parseStat(readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
+        const stat = parseStat(readFileSync(`${dir}/stat`, 'latin1'));
         if (!stat) continue;
-        const argv = splitCmdline(readFileSync(`${procRoot}/${name}/cmdline`, 'latin1'));
-        // The directory's owner, as the native scan reads it: a hint only.
-        let uid = -1;
-        try {
-          uid = statSync(`${procRoot}/${name}`).uid;
-        } catch {
-          /* vanished */
+        let state = stat.state;
+        let src = dir;
+        if (isDead(state)) {
+          const t = liveThread(dir, stat.pid);
+          if (t) [src, state] = [t.dir, t.state];
         }
-        out.push({ pid: stat.pid, ppid: stat.ppid, pgrp: stat.pgrp, session: stat.session, uid, state: stat.state, startTicks: stat.startTicks, argv });
-      } catch {
-        /* vanished mid-scan */
+        const argv = splitCmdlineBytes(readFileSync(`${src}/cmdline`));
+        // The directory's owner, as the native scan reads it: a hint only.
+        const uid = statSync(dir).uid;
+        out.push({ pid: stat.pid, ppid: stat.ppid, pgrp: stat.pgrp, session: stat.session, uid, state, startTicks: stat.startTicks, argv });
+      } catch (err) {
+        if (!vanished(err)) throw err;
       }
     }
     return out;
@@ -322,6 +404,11 @@ export class JsBackend implements Backend {
   }
 
   spawn(req: SpawnRequest): SpawnedChild {
+    // child_process encodes every argument as UTF-8: an escaped byte would
+    // reach the program as U+FFFD. Refuse rather than exec something else.
+    if (req.argv.some(hasEscapedBytes) || req.file !== undefined && hasEscapedBytes(req.file)) {
+      throw new UnsupportedError('the js backend cannot pass an argv that is not UTF-8 (child_process encodes it); use the native backend');
+    }
     const child = cpSpawn(req.file, req.argv.slice(1), {
       argv0: req.argv[0],
       cwd: req.cwd,

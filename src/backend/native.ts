@@ -3,10 +3,13 @@
  * polling pidfds on the libuv loop (one epoll registration each, O(1) per
  * exit); children come from clone(CLONE_PIDFD | CLONE_VFORK | CLONE_VM).
  */
-import { openSync, closeSync } from 'node:fs';
+import { openSync, closeSync, readFileSync } from 'node:fs';
 import { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
+import { NotAProcessError } from '../errors.js';
+import { parseStatusField, type StatFields } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
+import { assertOwnProc, readStatOf } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -198,6 +201,15 @@ export class NativePidRef implements PidRef {
   }
 }
 
+/** For the message only: whose thread a TID is. */
+function tgidOf(pid: number, procRoot = '/proc'): number | null {
+  try {
+    return parseStatusField(readFileSync(`${procRoot}/${pid}/status`, 'latin1'), 'Tgid');
+  } catch {
+    return null;
+  }
+}
+
 function fromAddon(r: AddonInspect): RawIdentity {
   return {
     state: r[0],
@@ -235,18 +247,35 @@ export class NativeBackend implements Backend {
   }
 
   inspect(pid: number, procRoot?: string): RawIdentity {
-    return fromAddon(this.#addon.inspect(pid, procRoot, false));
+    return fromAddon(this.#inspect(pid, procRoot, false));
   }
 
   inspectPinned(pid: number, options: { reapIfChild?: boolean } = {}): { raw: RawIdentity; ref: PidRef } {
-    const r = this.#addon.inspect(pid, undefined, true);
+    const r = this.#inspect(pid, undefined, true);
     const origin: Origin = options.reapIfChild ? 'adopted' : 'other';
     return { raw: fromAddon(r), ref: new NativePidRef(this.#addon, pid, r[7], origin, this.#caps.exitInfoOfNonChildren) };
+  }
+
+  #inspect(pid: number, procRoot: string | undefined, keepPidfd: boolean): AddonInspect {
+    assertOwnProc(procRoot);
+    try {
+      return this.#addon.inspect(pid, procRoot, keepPidfd);
+    } catch (err) {
+      // pidfd_open refuses a thread that is not a thread-group leader.
+      if ((err as NodeJS.ErrnoException).code === 'EINVAL' && (err as NodeJS.ErrnoException).syscall === 'pidfd_open') {
+        throw new NotAProcessError(pid, tgidOf(pid, procRoot));
+      }
+      throw err;
+    }
   }
 
   setChildSubreaper(on: boolean): boolean {
     this.#addon.setChildSubreaper(on);
     return true;
+  }
+
+  stat(pid: number): StatFields | null {
+    return readStatOf(pid);
   }
 
   bootId(): string {
@@ -255,6 +284,7 @@ export class NativeBackend implements Backend {
   }
 
   async listProcesses(procRoot?: string): Promise<ProcEntry[]> {
+    assertOwnProc(procRoot);
     const flat = await this.#addon.listProcesses(procRoot);
     const out: ProcEntry[] = [];
     for (let i = 0; i < flat.length; ) {

@@ -4,6 +4,7 @@
  * process.kill and fs reads of /proc. Policy never lives here.
  */
 import type { Readable, Writable } from 'node:stream';
+import type { StatFields } from '../proc.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 
 /** What one inspection of /proc/<pid> yields, before policy adds the boot id. */
@@ -99,6 +100,8 @@ export interface Backend {
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
   bootId(): string;
+  /** /proc/<pid>/stat, parsed; null when there is no such process. A cheap read for display, never proof. */
+  stat(pid: number): StatFields | null;
   spawn(req: SpawnRequest): SpawnedChild;
   /** Scans the process table (off the event loop on the native backend). */
   listProcesses(procRoot?: string): Promise<ProcEntry[]>;

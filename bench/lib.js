@@ -96,33 +96,45 @@ export function isMain(importMetaUrl) {
 
 /**
  * Lets a bench module run as a script: `node bench/x.js [--quick]` runs the
- * whole bench and prints its report; `--worker ...` runs one variant (the
- * harness starts those as child processes).
+ * whole bench and prints its report; `--worker ...` runs one variant and
+ * `--holder ...` a process that holds others for the bench (the harness
+ * starts both as child processes). `options(argv)` adds the module's own
+ * command-line options to what run() gets.
  */
-export async function runAsScript(importMetaUrl, { run, report, worker }) {
+export async function runAsScript(importMetaUrl, { run, report, worker, holder, options = () => ({}) }) {
   if (!isMain(importMetaUrl)) return;
   const argv = process.argv.slice(2);
   if (argv[0] === '--worker') {
     await worker(argv.slice(1));
+  } else if (argv[0] === '--holder' && holder) {
+    await holder(argv.slice(1));
   } else {
-    console.log(report(await run({ quick: argv.includes('--quick') })));
+    console.log(report(await run({ quick: argv.includes('--quick'), ...options(argv) })));
   }
 }
 
 /**
  * The targets table every bench ends with. A target is { description, value,
  * op, limit, met } (ratios by default; `shown`/`shownLimit` override the
- * text). Reported, never enforced: in quick mode the result says so, with
+ * text). `reason` says why a target was missed (a timeout, say); `skipped`
+ * says why it could not be measured at all (neither met nor missed).
+ * Reported, never enforced: in quick mode the result says so, with
  * `quickNote` to add why.
  */
 export function formatTargets(targets, { quick, quickNote = '' } = {}) {
+  const result = (t) => {
+    if (t.skipped) return `skipped: ${t.skipped}`;
+    const notes = [quick ? 'not enforced' : '', quick ? quickNote : '', t.reason ?? ''].filter((x) => x !== '');
+    const verdict = t.met ? 'met' : quick ? 'missed' : 'MISSED';
+    return notes.length ? `${verdict} (${notes.join('; ')})` : verdict;
+  };
   return formatTable(
     ['target', 'measured', 'limit', 'result'],
     targets.map((t) => [
       t.description,
-      t.shown ?? formatRatio(t.value),
+      t.skipped && t.shown === undefined ? 'n/a' : (t.shown ?? formatRatio(t.value)),
       t.shownLimit ?? `${t.op} ${formatRatio(t.limit)}`,
-      quick ? `${t.met ? 'met' : 'missed'} (not enforced${quickNote ? `; ${quickNote}` : ''})` : t.met ? 'met' : 'MISSED',
+      result(t),
     ]),
     { align: 'lrrl' },
   );

@@ -7,12 +7,28 @@
 //   node bench/lifecycle.js [--quick]          standalone: prints the tables
 //   import { run, report } from './lifecycle.js'   for bench/run.js
 //
-// The fsync cost is shown apart: every variant runs once with its state dir
-// on tmpfs (/dev/shm, where fsync returns at once) and once on disk (/tmp,
-// or /var/tmp where /tmp is a tmpfs), and each worker also times the state
-// store alone (a new manifest, its overwrite, its removal: what one cycle
-// writes) on the same file system. The supervised process is bench/c/idle.c (`idle 30 <marker>
-// <token>`), which ends on SIGTERM at once and dies with its worker.
+// Every variant runs once with its state dir on tmpfs (/dev/shm, where
+// fsync returns at once) and once on a disk (/var/tmp, or /tmp where
+// /var/tmp is a tmpfs; the table names the file system statfs reports).
+// Where the time goes is measured from custody's own events, without
+// changing it: the worker's onEvent sink stamps each event as it arrives
+// (events are emitted synchronously, so the stamp is the moment of the step;
+// performance.now(), finer than the event's millisecond `time`), and the
+// gaps between them are the phases of a launch:
+//   call -> launch event    the starting manifest written and fsync'd
+//   launch -> spawn         spawn (returns once the child has exec'd)
+//   spawn -> confirm        confirm (the argv seen under a pin)
+//   confirm -> running      the identity manifest written and fsync'd, the
+//                           instance tracked
+//   running -> resolved     launch() resolving
+// and of a stop: call -> the instance's `exited` settling (SIGTERM, exit
+// seen, reaped), exited -> stop event (state removed, dir fsync'd), stop
+// event -> resolved. The fsyncs of each cycle are counted through node:fs
+// (bench/instrument.js), and each worker also times the state store alone
+// (a new manifest, its overwrite, its removal: what one cycle writes) on
+// the same file system. The supervised process is bench/c/idle.c (`idle 30
+// <marker> <token>`), which ends on SIGTERM at once and dies with its
+// worker.
 //
 // Each round launches and stops for a fixed time (lanes of one cycle at a
 // time), then lets the cycles in flight finish; its rate is cycles / elapsed,
@@ -20,12 +36,13 @@
 // round runs every variant once), and every variant runs in its own worker
 // (custody picks its backend when it loads):
 //   node bench/lifecycle.js --worker <native|js> <state base> <idle bin> <marker> <round ms> <rounds> <warmup ms> <store ops> <concurrency>...
-import { readFileSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { readdirSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { countFsyncs } from './instrument.js';
 import { buildC, formatRatio, formatTable, median, runAsScript, summarize } from './lib.js';
-import { childrenOf, cpuTicks, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
+import { childrenOf, cpuTicks, diskBase, fsType, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
 
 export const name = 'lifecycle';
 
@@ -45,27 +62,24 @@ const BACKENDS = [
   { key: 'native', label: 'custody native' },
   { key: 'js', label: 'custody js' },
 ];
-// The disk: /tmp where it is not a tmpfs (the benches write only under
-// bench/, /tmp and /dev/shm), else /var/tmp. The table names the fs type.
 const STORAGE = [
   { key: 'tmpfs', base: '/dev/shm' },
-  { key: 'disk', base: fsType('/tmp').startsWith('tmpfs') ? '/var/tmp' : '/tmp' },
+  { key: 'disk', base: diskBase() },
 ];
 
-/** The file system type a path lives on, from /proc/self/mounts (longest matching mount point). */
-function fsType(path) {
-  let best = { dir: '', type: 'unknown', dev: '' };
-  try {
-    for (const line of readFileSync('/proc/self/mounts', 'utf8').split('\n')) {
-      const [dev, dir, type] = line.split(' ');
-      if (!dir) continue;
-      if ((path === dir || path.startsWith(dir.endsWith('/') ? dir : `${dir}/`)) && dir.length >= best.dir.length) best = { dir, type, dev };
-    }
-  } catch {
-    // no /proc: unknown
-  }
-  return `${best.type}${best.dev && best.type !== 'tmpfs' ? ` on ${best.dev}` : ''}`;
-}
+// The phases of one cycle, in order: [key, label, from event, to event].
+// 'call', 'resolved', 'stopCall', 'exited', 'stopResolved' are the worker's
+// own stamps; the rest are custody's events.
+const PHASES = [
+  ['starting', 'write starting', 'call', 'launch'],
+  ['spawn', 'spawn', 'launch', 'spawn'],
+  ['confirm', 'confirm', 'spawn', 'confirm'],
+  ['running', 'write running', 'confirm', 'running'],
+  ['resolve', 'resolve', 'running', 'resolved'],
+  ['term', 'term to reap', 'stopCall', 'exited'],
+  ['remove', 'remove state', 'exited', 'stop'],
+  ['stopRest', 'stop resolve', 'stop', 'stopResolved'],
+];
 
 /**
  * Measures every variant and returns the results. Rounds are interleaved:
@@ -80,8 +94,13 @@ export async function run({ quick = false } = {}) {
   const timeoutMs = 60_000 + 20 * MODES.length * (params.warmupMs + params.roundMs) + params.storeOps * 200;
   const loadBefore = os.loadavg();
   const cpuBefore = cpuTicks();
-  const storage = Object.fromEntries(STORAGE.map((st) => [st.key, { base: st.base, fs: fsType(st.base) }]));
-  // raw[backend][storage] = { rates: { mode: [] }, launch: { mode: [] }, stop: { mode: [] }, store: [] }
+  const storage = Object.fromEntries(
+    STORAGE.map((st) => {
+      const t = fsType(st.base);
+      return [st.key, { base: st.base, fs: t.name, tmpfs: t.tmpfs }];
+    }),
+  );
+  // raw[backend][storage] = { rates: { mode: [] }, launch: { mode: [] }, stop: { mode: [] }, phases: { mode: { sums, cycles, fsyncs } }, store: [] }
   const raw = {};
   let leftover = 0;
   let escaped = 0;
@@ -103,13 +122,18 @@ export async function run({ quick = false } = {}) {
           rmSync(base, { recursive: true, force: true });
         }
         leftover += res.leftoverChildren + res.leftoverState;
-        const r = ((raw[b.key] ??= {})[st.key] ??= { rates: {}, counts: {}, launch: {}, stop: {}, store: [] });
+        const r = ((raw[b.key] ??= {})[st.key] ??= { rates: {}, counts: {}, launch: {}, stop: {}, phases: {}, store: [] });
         for (const m of MODES) {
           const x = res.modes[String(m.concurrency)];
           (r.rates[m.key] ??= []).push(...x.rates);
           (r.counts[m.key] ??= []).push(...x.counts);
           (r.launch[m.key] ??= []).push(x.launchMs);
           (r.stop[m.key] ??= []).push(x.stopMs);
+          // Phases are summed over every timed cycle of every round: their means add up to the cycle.
+          const ph = (r.phases[m.key] ??= { sums: {}, cycles: 0, fsyncs: 0 });
+          for (const [k, v] of Object.entries(x.phaseSums)) ph.sums[k] = (ph.sums[k] ?? 0) + v;
+          ph.cycles += x.phaseCycles;
+          ph.fsyncs += x.fsyncs;
         }
         r.store.push(res.store);
       }
@@ -123,7 +147,16 @@ export async function run({ quick = false } = {}) {
       const r = raw[b.key][st.key];
       const modes = {};
       for (const m of MODES) {
-        modes[m.key] = { ...summarize(r.rates[m.key]), counts: r.counts[m.key], launchMs: median(r.launch[m.key]), stopMs: median(r.stop[m.key]) };
+        const ph = r.phases[m.key];
+        modes[m.key] = {
+          ...summarize(r.rates[m.key]),
+          counts: r.counts[m.key],
+          launchMs: median(r.launch[m.key]),
+          stopMs: median(r.stop[m.key]),
+          // Mean ms per cycle in each phase, and fsyncs per cycle.
+          phasesMs: Object.fromEntries(PHASES.map(([k]) => [k, (ph.sums[k] ?? NaN) / ph.cycles])),
+          fsyncsPerCycle: ph.fsyncs / ph.cycles,
+        };
       }
       const store = {};
       for (const k of Object.keys(r.store[0])) store[k] = median(r.store.map((x) => x[k]));
@@ -149,7 +182,7 @@ export async function run({ quick = false } = {}) {
     storage,
     variants,
     ratios,
-    // Throughput has no target in the issue: reported, not judged.
+    // Throughput is reported here, not judged: no rate is a goal of its own.
     targets: [],
     leftoverProcesses: leftover + escaped,
     loadavg: { before: round2(loadBefore), after: round2(os.loadavg()) },
@@ -190,6 +223,24 @@ export function report(results) {
       storeRows.push([`${st.key} (${storage[st.key].fs})`, b.label, fmtUs(s.writeNewUs), fmtUs(s.overwriteUs), fmtUs(s.removeUs), fmtUs(s.cycleUs)]);
     }
   }
+  const phaseRows = [];
+  for (const b of BACKENDS) {
+    for (const st of STORAGE) {
+      for (const m of MODES) {
+        const v = variants[b.key][st.key].modes[m.key];
+        const total = PHASES.reduce((sum, [k]) => sum + v.phasesMs[k], 0);
+        phaseRows.push([
+          b.label,
+          st.key,
+          m.label,
+          ...PHASES.map(([k]) => fmtMs(v.phasesMs[k])),
+          fmtMs(total),
+          v.fsyncsPerCycle.toFixed(1),
+        ]);
+      }
+    }
+  }
+  const tmpfsMissing = storage.tmpfs.tmpfs ? null : `  note: ${storage.tmpfs.base} is not a tmpfs here (${storage.tmpfs.fs}): the tmpfs rows pay for a disk too`;
   const fsyncShare = (b, m) => {
     const tmpfs = 1000 / variants[b].tmpfs.modes[m].median;
     const disk = 1000 / variants[b].disk.modes[m].median;
@@ -200,6 +251,16 @@ export function report(results) {
       ` ${params.rounds} rounds x ${params.roundMs} ms after ${params.warmupMs} ms warm-up; cycles/s${quick ? ' (quick)' : ''}`,
     `  launch ms / stop ms: median latency of each call (in ${CONCURRENCY}-concurrent mode it includes waiting for the other lanes)`,
     formatTable(['variant', 'state dir', 'mode', 'median', 'min', 'max', 'vs js', 'launch ms', 'stop ms'], rows, { align: 'lllrrrrrr' }),
+    tmpfsMissing,
+    '',
+    `  where the time goes: mean ms per cycle in each phase, from custody's events, and fsyncs per cycle counted through node:fs.`,
+    `  write starting / running: that manifest written and fsync'd (with its dirs; running also tracks the instance); spawn:`,
+    `  until the child has exec'd; term to reap: SIGTERM until its exit is seen and reaped; remove state: the instance dir`,
+    `  removed, the state dir fsync'd.`,
+    `  ${CONCURRENCY}-concurrent phases include waiting for the other lanes on the one event loop.`,
+    formatTable(['variant', 'state', 'mode', ...PHASES.map(([, label]) => label), 'sum', 'fsyncs'], phaseRows, {
+      align: `lll${'r'.repeat(PHASES.length + 2)}`,
+    }),
     '',
     `  fsync and disk, disk - tmpfs per cycle: native ${MODES.map((m) => `${m.label} ${fsyncShare('native', m.key)}`).join('; ')};` +
       ` js ${MODES.map((m) => `${m.label} ${fsyncShare('js', m.key)}`).join('; ')}`,
@@ -211,7 +272,7 @@ export function report(results) {
     `  leftover processes and state after the run: ${leftoverProcesses}`,
     noiseLine(otherCpu, loadavg),
   ];
-  return lines.join('\n');
+  return lines.filter((l) => l !== null).join('\n');
 }
 
 // ---- worker side ----
@@ -263,31 +324,59 @@ async function timeStore(StateStore, manifest, dir, ops) {
 
 async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, warmupArg, storeOpsArg, ...concurrencyArgs]) {
   const [roundMs, rounds, warmupMs, storeOps] = [roundMsArg, roundsArg, warmupArg, storeOpsArg].map(Number);
+  // Before custody loads: its state store binds fsync when it does.
+  const fsyncs = countFsyncs();
   const custody = await import('../dist/index.js');
   const actual = custody.capabilities().backend;
   if (actual !== backend) throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
   const stateDir = join(base, 'state');
-  const { supervisor } = await custody.Supervisor.open({ stateDir, onEvent: () => {} });
+  // stamps.get(id)[event type] = when the event reached the sink.
+  const stamps = new Map();
+  const onEvent = (e) => {
+    const rec = e.id === undefined ? undefined : stamps.get(e.id);
+    if (rec) rec[e.type] = performance.now();
+  };
+  const { supervisor } = await custody.Supervisor.open({ stateDir, onEvent });
   let seq = 0;
   let sample = null;
+  // Summed over the timed rounds of the current mode; null while warming up.
+  let phaseSums = null;
+  let phaseCycles = 0;
   const cycle = async (lane) => {
     const id = `l${lane}-${seq++}`;
-    const t0 = performance.now();
-    await supervisor.launch({ id, command: idleBin, args: (token) => ['30', marker, token] });
+    const rec = { call: performance.now() };
+    stamps.set(id, rec);
+    const instance = await supervisor.launch({ id, command: idleBin, args: (token) => ['30', marker, token] });
+    rec.resolved = performance.now();
+    // Attached before stop() awaits the same promise, so it runs first.
+    instance.exited.then(() => (rec.exited = performance.now()));
     if (sample === null) sample = supervisor.store.read(id);
-    const t1 = performance.now();
+    rec.stopCall = performance.now();
     const r = await supervisor.stop(id, { graceMs: 5000 });
+    rec.stopResolved = performance.now();
+    stamps.delete(id);
     if (r.outcome !== 'exited' || r.escalated) throw new Error(`stop of ${id} gave ${JSON.stringify(r)}`);
-    return { launch: t1 - t0, stop: performance.now() - t1 };
+    if (phaseSums) {
+      for (const [k, , from, to] of PHASES) {
+        if (rec[from] === undefined || rec[to] === undefined) throw new Error(`${id}: no ${rec[from] === undefined ? from : to} stamp (events seen: ${Object.keys(rec).join(', ')})`);
+        phaseSums[k] = (phaseSums[k] ?? 0) + (rec[to] - rec[from]);
+      }
+      phaseCycles++;
+    }
+    return { launch: rec.resolved - rec.call, stop: rec.stopResolved - rec.stopCall };
   };
   const modes = {};
   try {
     for (const concurrency of concurrencyArgs.map(Number)) {
+      phaseSums = null;
       await runFor(cycle, concurrency, warmupMs);
       const rates = [];
       const counts = [];
       const launch = [];
       const stop = [];
+      phaseSums = {};
+      phaseCycles = 0;
+      const fsyncsBefore = fsyncs.count();
       for (let r = 0; r < rounds; r++) {
         globalThis.gc?.();
         const res = await runFor(cycle, concurrency, roundMs);
@@ -296,7 +385,15 @@ async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, wa
         launch.push(...res.launch);
         stop.push(...res.stop);
       }
-      modes[concurrency] = { rates, counts, launchMs: median(launch), stopMs: median(stop) };
+      modes[concurrency] = {
+        rates,
+        counts,
+        launchMs: median(launch),
+        stopMs: median(stop),
+        phaseSums,
+        phaseCycles,
+        fsyncs: fsyncs.count() - fsyncsBefore,
+      };
     }
   } finally {
     await supervisor.close();

@@ -35,8 +35,10 @@ import { childrenOf, cpuTicks, fdCount, newMarker, noiseLine, otherCpuShare, run
 
 export const name = 'memory';
 
-// Under 2 KiB of JS heap per supervised process (a spawn() handle) on native.
+// Under 2 KiB of JS heap per supervised process on native: a spawn()
+// handle, and a Supervisor instance (its handle, manifest and table entry).
 const NATIVE_HEAP_PER_PROCESS_MAX = 2048;
+const SUPERVISOR_HEAP_PER_INSTANCE_MAX = 2048;
 // "Grows": more than this many heap bytes per cycle over the run, and more
 // than GROWTH_MIN_BYTES in all (a full gc leaves ~100 KiB of jitter).
 const GROWTH_SLOPE_MAX = 16;
@@ -113,6 +115,7 @@ export async function run({ quick = false } = {}) {
   leftover += childrenOf(process.pid).length;
 
   const nativeHeap = hold.native.perProcess.heapUsed;
+  const supervisorHeap = hold['supervisor-native'].perProcess.heapUsed;
   const targets = [
     {
       id: 'nativeHeapPerProcess',
@@ -122,6 +125,15 @@ export async function run({ quick = false } = {}) {
       op: '<=',
       limit: NATIVE_HEAP_PER_PROCESS_MAX,
       met: nativeHeap <= NATIVE_HEAP_PER_PROCESS_MAX,
+    },
+    {
+      id: 'supervisorHeapPerInstance',
+      description: `native JS heap per Supervisor instance (${params.hold.toLocaleString('en-US')} held; js: ${Math.round(hold['supervisor-js'].perProcess.heapUsed)} B)`,
+      value: supervisorHeap,
+      unit: 'B',
+      op: '<',
+      limit: SUPERVISOR_HEAP_PER_INSTANCE_MAX,
+      met: supervisorHeap < SUPERVISOR_HEAP_PER_INSTANCE_MAX,
     },
     ...CYCLE_BACKENDS.map((b) => ({
       id: `noGrowth.${b}`,

@@ -24,6 +24,7 @@ const BENCHES = [
   './memory.js',
   './lifecycle.js',
   './scan.js',
+  './recover.js',
 ];
 
 const quick = process.argv.includes('--quick');

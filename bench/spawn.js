@@ -1,7 +1,8 @@
 // spawn: spawn + reap throughput of /bin/true, in spawns per second, for
-// custody's native and js backends against child_process.spawn, execa and the
-// C limit (bench/c/spawn.c: vfork and clone3(CLONE_PIDFD | CLONE_VM |
-// CLONE_VFORK) loops with no JavaScript).
+// custody's native and js backends against child_process.spawn, execa,
+// Bun.spawn (Bun's own posix_spawn, run by Bun as a peer runtime; see
+// bench/bun.js) and the C limit (bench/c/spawn.c: vfork and
+// clone3(CLONE_PIDFD | CLONE_VM | CLONE_VFORK) loops with no JavaScript).
 //
 //   node bench/spawn.js [--quick]            standalone: prints the table
 //   import { run, report } from './spawn.js'   for bench/run.js
@@ -17,13 +18,17 @@
 // the parent's page tables, so its cost grows with the heap; a CLONE_VM |
 // CLONE_VFORK spawn does not. Every variant runs in its own child process:
 // custody picks its backend from CUSTODY_BACKEND when it loads, and a big heap
-// must not slow anything but the variant it belongs to.
+// must not slow anything but the variant it belongs to. The Bun variant is
+// this same worker, with the same loop, run by Bun instead of Node; where
+// Bun cannot be fetched or run, it is skipped with a note saying why.
 //   node bench/spawn.js --worker <native|js|child_process|execa> <heap MiB> <round ms> <rounds> <warmup ms> <concurrency>...
+//   bun bench/spawn.js --worker bun <heap MiB> <round ms> <rounds> <warmup ms> <concurrency>...
 // prints one JSON line with the rates for each concurrency.
 import { spawn as cpSpawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
+import { bunEnv, findBun } from './bun.js';
 import { buildC, formatRatio, formatTable, formatTargets, runAsScript, runJson, runWorker, summarize } from './lib.js';
 
 export const name = 'spawn';
@@ -37,6 +42,9 @@ const NATIVE_OVER_C_MIN = 0.8;
 // native with a big heap >= 0.9 x native with a small one: CLONE_VM means
 // the heap is not copied, so it must not matter.
 const NATIVE_BIG_OVER_SMALL_MIN = 0.9;
+// native >= 1.0 x Bun.spawn: a Node library should not spawn slower than the
+// runtime that made spawn speed its point.
+const NATIVE_OVER_BUN_MIN = 1.0;
 
 // On a 2-CPU VM: /bin/true costs ~0.5 ms per spawn from C, a fork of a 2 GiB
 // parent ~70 ms. Rounds are timed, not counted, so a slow variant still gets
@@ -63,6 +71,8 @@ const NODE_VARIANTS = [
   { key: 'child_process', label: 'child_process.spawn', env: {} },
   { key: 'execa', label: 'execa', env: {} },
 ];
+// Run by Bun, not Node: the same worker, its spawner Bun.spawn.
+const BUN_VARIANT = { key: 'bun', label: 'Bun.spawn' };
 
 // C loops. The first two, with a small heap and in both modes, are the C
 // limit; the rest are references (sequential only): the same kernel paths
@@ -87,6 +97,8 @@ export async function run({ quick = false } = {}) {
   const perModeMs = warmupMs + rounds * roundMs;
   const timeoutMs = 60_000 + 4 * MODES.length * perModeMs;
   const cBin = buildC('spawn');
+  // Fetched (or found in the cache) before anything is timed.
+  const bun = findBun();
   const loadBefore = os.loadavg();
   const cpuBefore = cpuTicks();
 
@@ -134,6 +146,20 @@ export async function run({ quick = false } = {}) {
         leftover += res.leftoverChildren;
       }
     }
+    if (bun.skip) continue;
+    for (const big of [false, true]) {
+      const res = await runJson(
+        bun.path,
+        [fileURLToPath(import.meta.url), '--worker', BUN_VARIANT.key, big ? bigHeapMiB : 0, roundMs, rounds, warmupMs, ...MODES.map((m) => m.concurrency)].map(String),
+        { env: bunEnv(), timeoutMs },
+      );
+      for (const m of MODES) {
+        const r = res.modes[String(m.concurrency)];
+        add(BUN_VARIANT.key, `${BUN_VARIANT.label} (Bun ${bun.version})`, big, m.key, r.rounds_per_s, r.counts);
+      }
+      (rss[BUN_VARIANT.key] ??= {})[heapKey(big)] = Math.round(res.rssBytes / 2 ** 20);
+      leftover += res.leftoverChildren;
+    }
   }
   // variants[key][heap][mode] = median, min, max and rounds of spawns/s
   const variants = {};
@@ -169,6 +195,7 @@ export async function run({ quick = false } = {}) {
       execaOverChildProcess: rate('execa', 'small', mode) / rate('child_process', 'small', mode),
       childProcessBigOverSmall: rate('child_process', 'big', mode) / rate('child_process', 'small', mode),
       nativeOverChildProcessBigHeap: rate('native', 'big', mode) / rate('child_process', 'big', mode),
+      nativeOverBun: rate('native', 'small', mode) / rate('bun', 'small', mode),
     };
     ratios[mode] = r;
     const heapName = formatMiB(bigHeapMiB);
@@ -181,6 +208,10 @@ export async function run({ quick = false } = {}) {
         r.nativeBigOverSmall,
         NATIVE_BIG_OVER_SMALL_MIN,
       ),
+      {
+        ...target(`nativeOverBun.${mode}`, `native / Bun.spawn, ${label}`, r.nativeOverBun, NATIVE_OVER_BUN_MIN),
+        ...(bun.skip ? { skipped: `Bun not run (${bun.skip})` } : {}),
+      },
     );
   }
 
@@ -199,6 +230,7 @@ export async function run({ quick = false } = {}) {
     cLimit,
     ratios,
     targets,
+    bun: bun.skip ? { skipped: bun.skip } : { version: bun.version, package: bun.pkg },
     leftoverProcesses: leftover,
     loadavg,
     otherCpu,
@@ -268,10 +300,10 @@ function childrenOf(pid) {
 
 /** The results as a printable table. */
 export function report(results) {
-  const { params, variants, labels, rssMiB, cLimit, targets, quick, leftoverProcesses, loadavg, otherCpu } = results;
+  const { params, variants, labels, rssMiB, cLimit, targets, quick, leftoverProcesses, loadavg, otherCpu, bun } = results;
   const bigName = formatMiB(params.bigHeapMiB);
   const rows = [];
-  const order = ['c-vfork', 'c-clone3', 'c-fork', ...NODE_VARIANTS.map((v) => v.key)];
+  const order = ['c-vfork', 'c-clone3', 'c-fork', ...NODE_VARIANTS.map((v) => v.key), BUN_VARIANT.key];
   for (const key of order) {
     for (const heap of ['small', 'big']) {
       for (const { key: mode, label } of MODES) {
@@ -300,6 +332,9 @@ export function report(results) {
     formatTable(['variant', 'mode', 'heap', 'rss MiB', 'median', 'min', 'max', 'vs C limit'], rows, { align: 'lllrrrrr' }),
     '',
     `  C limit: ${MODES.map((m) => `${m.label} ${formatRate(cLimit[m.key].rate)}/s (${labels[cLimit[m.key].variant]})`).join(', ')}`,
+    bun.skipped
+      ? `  Bun.spawn: skipped, ${bun.skipped}`
+      : `  Bun.spawn: ${bun.package} from the npm registry (cached in bench/.cache), the same worker loop run by Bun`,
     '',
     formatTargets(targets, { quick }),
     '',
@@ -346,6 +381,16 @@ async function makeSpawner(variant) {
           code === 0 ? resolve() : reject(new Error(`${COMMAND} ended code ${code} signal ${signal}`)),
         );
       });
+  }
+  if (variant === 'bun') {
+    if (typeof globalThis.Bun?.spawn !== 'function') throw new Error('the bun variant runs under Bun');
+    // Bun has no --expose-gc; its own collector, forced and synchronous.
+    globalThis.gc ??= () => globalThis.Bun.gc(true);
+    return async () => {
+      const p = globalThis.Bun.spawn([COMMAND], { stdin: 'ignore', stdout: 'ignore', stderr: 'ignore' });
+      const code = await p.exited;
+      if (code !== 0) throw new Error(`${COMMAND} ended code ${code} signal ${p.signalCode}`);
+    };
   }
   if (variant === 'execa') {
     const { execa } = await import('execa');

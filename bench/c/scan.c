@@ -2,7 +2,7 @@
 // loop over /proc with the same syscall sequence as native/proc.cc
 // ListProcesses(), and no JavaScript around it.
 //
-//   scan <stat-cmdline|stat-cmdline-owner|stat-cmdline-status> <rounds> <warmup> [argv...]
+//   scan <cmdline|stat-cmdline|stat-cmdline-owner|stat-cmdline-status> <rounds> <warmup> [argv...]
 //
 // For every numeric entry of /proc: openat(/proc, "<pid>", O_DIRECTORY),
 // then openat + read-until-EOF + close of "stat" (parsed: state, ppid, pgrp,
@@ -13,6 +13,9 @@
 // close of the directory. Processes that vanish mid-scan are skipped.
 // "stat-cmdline-owner" is the same work as ListProcesses; "stat-cmdline-status"
 // is what it did before (status is the costliest file the kernel renders).
+// "cmdline" is the least a sweep by argv can read: one openat of
+// "<pid>/cmdline" relative to /proc, read, close, and nothing else (no
+// per-process directory fd, no stat): the floor for an argv-first scan.
 //
 // Runs `warmup` untimed scans, then `rounds` timed scans, and prints one JSON
 // line: ms per scan for each round, their median as "ms_per_scan", how many
@@ -145,28 +148,61 @@ struct scan {
   struct buf text;   // stat / status text, reused
 };
 
+// The next /proc entry that is a process (a name starting with 1-9), or
+// NULL at the end of the directory.
+static const char* next_pid(DIR* d) {
+  for (;;) {
+    errno = 0;
+    struct dirent* de = readdir(d);
+    if (de == NULL) {
+      if (errno != 0) die("readdir");
+      return NULL;
+    }
+    if (de->d_name[0] >= '1' && de->d_name[0] <= '9') return de->d_name;
+  }
+}
+
+// The entry after the last kept one, growing the array if needed.
+static struct entry* next_slot(struct scan* s) {
+  if (s->n == s->cap) {
+    s->cap = s->cap ? s->cap * 2 : 1024;
+    s->entries = realloc(s->entries, s->cap * sizeof *s->entries);
+    if (s->entries == NULL) die("realloc");
+  }
+  return &s->entries[s->n];
+}
+
+// The "cmdline" mode: only /proc/<pid>/cmdline, opened relative to /proc.
+static void scan_cmdline_once(struct scan* s) {
+  s->n = 0;
+  s->arena.len = 0;
+  DIR* d = opendir("/proc");
+  if (d == NULL) die("opendir /proc");
+  int rootfd = dirfd(d);
+  char name[64];
+  for (const char* pid; (pid = next_pid(d)) != NULL;) {
+    if (snprintf(name, sizeof name, "%s/cmdline", pid) >= (int)sizeof name) continue;
+    struct entry* e = next_slot(s);
+    e->pid = strtoll(pid, NULL, 10);
+    size_t off = s->arena.len;
+    if (read_at(rootfd, name, &s->arena) != 0) continue;  // vanished mid-scan
+    e->argv_off = off;
+    e->argv_len = s->arena.len - off;
+    s->n++;
+  }
+  closedir(d);
+}
+
 static void scan_once(struct scan* s, int with_status) {
   s->n = 0;
   s->arena.len = 0;
   DIR* d = opendir("/proc");
   if (d == NULL) die("opendir /proc");
   int rootfd = dirfd(d);
-  for (;;) {
-    errno = 0;
-    struct dirent* de = readdir(d);
-    if (de == NULL) {
-      if (errno != 0) die("readdir");
-      break;
-    }
-    if (de->d_name[0] < '1' || de->d_name[0] > '9') continue;
-    int pdir = retry_open(rootfd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (const char* pid; (pid = next_pid(d)) != NULL;) {
+    int pdir = retry_open(rootfd, pid, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (pdir == -1) continue;
-    if (s->n == s->cap) {
-      s->cap = s->cap ? s->cap * 2 : 1024;
-      s->entries = realloc(s->entries, s->cap * sizeof *s->entries);
-      if (s->entries == NULL) die("realloc");
-    }
-    struct entry* e = &s->entries[s->n];
+    struct entry* e = next_slot(s);
     e->uid = -1;
     s->text.len = 0;
     if (read_at(pdir, "stat", &s->text) != 0 || !parse_stat(s->text.data, e)) goto skip;
@@ -213,11 +249,12 @@ static int cmp_double(const void* a, const void* b) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: scan <stat-cmdline|stat-cmdline-status> <rounds> <warmup> [argv...]\n");
+    fprintf(stderr, "usage: scan <cmdline|stat-cmdline|stat-cmdline-owner|stat-cmdline-status> <rounds> <warmup> [argv...]\n");
     return 2;
   }
   int with_status;
-  if (strcmp(argv[1], "stat-cmdline") == 0) with_status = 0;
+  if (strcmp(argv[1], "cmdline") == 0) with_status = -1;
+  else if (strcmp(argv[1], "stat-cmdline") == 0) with_status = 0;
   else if (strcmp(argv[1], "stat-cmdline-status") == 0) with_status = 1;
   else if (strcmp(argv[1], "stat-cmdline-owner") == 0) with_status = 2;
   else {
@@ -240,12 +277,16 @@ int main(int argc, char** argv) {
   }
 
   struct scan s = {0};
-  for (int i = 0; i < warmup; i++) scan_once(&s, with_status);
+  for (int i = 0; i < warmup; i++) {
+    if (with_status < 0) scan_cmdline_once(&s);
+    else scan_once(&s, with_status);
+  }
   double ms[MAX_ROUNDS], sorted[MAX_ROUNDS];
   size_t listed[MAX_ROUNDS];
   for (int r = 0; r < rounds; r++) {
     double t0 = now_ms();
-    scan_once(&s, with_status);
+    if (with_status < 0) scan_cmdline_once(&s);
+    else scan_once(&s, with_status);
     ms[r] = now_ms() - t0;
     listed[r] = s.n;
   }

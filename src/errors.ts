@@ -19,7 +19,9 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_NOT_FOUND'
   | 'ERR_CUSTODY_BUSY'
   | 'ERR_CUSTODY_CLOSED'
-  | 'ERR_CUSTODY_STATE_IO';
+  | 'ERR_CUSTODY_STATE_IO'
+  | 'ERR_CUSTODY_BAD_PIDFILE'
+  | 'ERR_CUSTODY_BAD_LOG';
 
 export class CustodyError extends Error {
   readonly code: CustodyErrorCode;
@@ -136,6 +138,33 @@ export class StopTimeoutError extends CustodyError {
   constructor(pid: number, waitedMs: number) {
     super('ERR_CUSTODY_STOP_TIMEOUT', `pid ${pid} did not exit within ${waitedMs} ms of SIGKILL (uninterruptible sleep?)`);
     this.pid = pid;
+  }
+}
+
+/** A path custody refuses to read or write as it stands (a symlink, a FIFO, a device, too big, malformed). */
+export class PathRefusedError extends CustodyError {
+  readonly path: string;
+  constructor(code: CustodyErrorCode, what: string, path: string, why: string, options?: { cause?: unknown }) {
+    super(code, `${what} ${path}: ${why}`, options);
+    this.path = path;
+  }
+}
+
+/**
+ * A pidfile that cannot hold a pid custody may act on: a symlink, a FIFO, a
+ * device, larger than a pid can be, not a decimal pid, or out of range.
+ * Refused before anything is pinned, never read past its bound.
+ */
+export class BadPidfileError extends PathRefusedError {
+  constructor(path: string, why: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_BAD_PIDFILE', 'pidfile', path, why, options);
+  }
+}
+
+/** A log path (a stdio `{ file }` or an instance log) that is not a regular file, or is a symlink. */
+export class BadLogError extends PathRefusedError {
+  constructor(path: string, why: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_BAD_LOG', 'log', path, why, options);
   }
 }
 

@@ -46,8 +46,6 @@ export interface LogOptions {
   keep?: number;
 }
 
-export type LogStream = 'stdout' | 'stderr';
-
 export interface LogFiles {
   dir: string;
   stdout: string;

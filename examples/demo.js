@@ -54,6 +54,7 @@ function vmSpec(id, extraArgs = []) {
     executable: PYTHON, // the pid only counts once it runs this program...
     expect: [FAKE_VM, socket], // ...with these argv elements (besides the token)
     pid: { file: pidfile },
+    launcherExits: false, // launcher.sh stays to reap the program
     ready: { socket, timeoutMs: 5000 },
     stderr: { file: join(DEMO, `${id}.log`) },
   };
@@ -146,7 +147,10 @@ try {
     },
   });
   say(`   result: ${JSON.stringify(r1)}`);
-  if (r1.code === null && r1.signal === null) say('   (code and signal are null: this backend cannot read the exit status of a process that is not its child)');
+  if (r1.code === null && r1.signal === null) {
+    say('   (code and signal are null: the VM is not custody\'s child, and its status comes only with its parent\'s reaping;');
+    say('   stop returns once the process is gone instead of waiting for that)');
+  }
   say('   The VM had exited on its own request before the hook returned, so custody had nothing left to signal (escalated=false);');
   say(`   it then removed the declared paths and the state. Left over: [${leftovers('vm1').join(', ')}]`);
 

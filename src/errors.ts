@@ -22,7 +22,9 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_STATE_IO'
   | 'ERR_CUSTODY_FOREIGN_PROC'
   | 'ERR_CUSTODY_NOT_A_PROCESS'
-  | 'ERR_CUSTODY_DEFERRED';
+  | 'ERR_CUSTODY_DEFERRED'
+  | 'ERR_CUSTODY_BAD_PIDFILE'
+  | 'ERR_CUSTODY_BAD_LOG';
 
 export class CustodyError extends Error {
   readonly code: CustodyErrorCode;
@@ -180,6 +182,33 @@ export class DeferredError extends CustodyError {
   constructor(id: string, cause?: unknown) {
     super('ERR_CUSTODY_DEFERRED', `instance ${id} is deferred: recovery could not decide it yet; call recover() again`, { cause });
     this.id = id;
+  }
+}
+
+/** A path custody refuses to read or write as it stands (a symlink, a FIFO, a device, too big, malformed). */
+export class PathRefusedError extends CustodyError {
+  readonly path: string;
+  constructor(code: CustodyErrorCode, what: string, path: string, why: string, options?: { cause?: unknown }) {
+    super(code, `${what} ${path}: ${why}`, options);
+    this.path = path;
+  }
+}
+
+/**
+ * A pidfile that cannot hold a pid custody may act on: a symlink, a FIFO, a
+ * device, larger than a pid can be, not a decimal pid, or out of range.
+ * Refused before anything is pinned, never read past its bound.
+ */
+export class BadPidfileError extends PathRefusedError {
+  constructor(path: string, why: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_BAD_PIDFILE', 'pidfile', path, why, options);
+  }
+}
+
+/** A log path (a stdio `{ file }` or an instance log) that is not a regular file, or is a symlink. */
+export class BadLogError extends PathRefusedError {
+  constructor(path: string, why: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_BAD_LOG', 'log', path, why, options);
   }
 }
 

@@ -2,9 +2,12 @@
  * Events: every step of a lifecycle reaches the caller's sink and a
  * diagnostics_channel named `custody:<type>`. Warnings are never dropped: a
  * supervisor opened without a sink turns them into process warnings, and a
- * sink that throws does not lose the event (it is re-emitted as a warning).
+ * sink that throws, or returns a promise that rejects, does not lose the
+ * event nor crash the process: the failure is a process warning
+ * (CUSTODY_EVENT_SINK) carrying the event.
  */
 import { channel } from 'node:diagnostics_channel';
+import { callHook } from './hooks.js';
 
 export type CustodyEventType =
   | 'launch'
@@ -36,7 +39,8 @@ export interface CustodyEvent {
   [key: string]: unknown;
 }
 
-export type EventSink = (event: CustodyEvent) => void;
+/** Sync or async: what it returns is not awaited, but a promise it returns that rejects is caught and reported. */
+export type EventSink = (event: CustodyEvent) => unknown;
 
 const channels = new Map<string, ReturnType<typeof channel>>();
 
@@ -47,16 +51,14 @@ export function emitter(sink: EventSink | undefined): (type: CustodyEventType, f
     if (!ch) channels.set(type, (ch = channel(`custody:${type}`)));
     if (ch.hasSubscribers) ch.publish(event);
     if (sink) {
-      try {
-        sink(event);
-        return;
-      } catch (err) {
-        process.emitWarning(`custody: the onEvent sink threw on a ${type} event: ${(err as Error)?.message ?? err}`, {
+      callHook(sink, event).catch((err: unknown) => {
+        const why = (err as Error)?.message ?? String(err);
+        process.emitWarning(`custody: the onEvent sink failed on a ${type} event: ${why}`, {
           code: 'CUSTODY_EVENT_SINK',
-          detail: JSON.stringify(event),
+          detail: describeEvent(event),
         });
-        return;
-      }
+      });
+      return;
     }
     if (type === 'warning' || type === 'escalate' || type === 'quarantine') {
       process.emitWarning(`custody: ${event.message ?? type}${event.id ? ` (${event.id})` : ''}`, { code: `CUSTODY_${type.toUpperCase()}` });
@@ -65,3 +67,14 @@ export function emitter(sink: EventSink | undefined): (type: CustodyEventType, f
 }
 
 export type Emit = ReturnType<typeof emitter>;
+
+/** The event as JSON for a warning's detail; never throws (errors become their messages, bigints strings). */
+function describeEvent(event: CustodyEvent): string {
+  try {
+    return JSON.stringify(event, (_k, v: unknown) =>
+      v instanceof Error ? { name: v.name, message: v.message } : typeof v === 'bigint' ? String(v) : v,
+    );
+  } catch {
+    return `{"type":${JSON.stringify(event.type)}}`;
+  }
+}

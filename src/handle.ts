@@ -2,13 +2,14 @@
  * ProcessHandle: one process, pinned. open() pins an existing process after
  * proving it is the expected one; spawn() pins a new child from birth.
  */
-import { accessSync, closeSync, constants as fsConstants, openSync, statSync } from 'node:fs';
+import { accessSync, closeSync, constants as fsConstants, statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef, StdioTarget } from './backend/types.js';
 import { IdentityMismatchError, IdentityUnrecordedError, InvalidArgError } from './errors.js';
 import { toIdentity, verify } from './identity.js';
+import { openAppend } from './logs.js';
 import { signalNumber } from './signals.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { assertPid, assertStringArray } from './validate.js';
@@ -116,7 +117,10 @@ export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessH
 export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };
 
 export interface SpawnOptions {
-  /** One value for all three, or [stdin, stdout, stderr]. 'ignore' by default. `{ file }` appends to a file (created 0600). */
+  /**
+   * One value for all three, or [stdin, stdout, stderr]. 'ignore' by default. `{ file }` appends to a regular
+   * file (created 0600; a symlink, FIFO or device there is ERR_CUSTODY_BAD_LOG).
+   */
   stdio?: StdioOption | [StdioOption, StdioOption, StdioOption];
   /** The child's environment; process.env by default. */
   env?: Record<string, string | undefined>;
@@ -168,7 +172,9 @@ export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [S
     if (s && typeof s === 'object' && 'fd' in s && Number.isInteger(s.fd) && s.fd >= 0) return { fd: s.fd };
     if (s && typeof s === 'object' && 'file' in s && typeof s.file === 'string' && s.file && !s.file.includes('\0')) {
       if (i === 0) throw new InvalidArgError('stdin cannot append to a file');
-      // Opened here, closed by the caller right after spawn: only the child keeps it.
+      // Opened here, closed by the caller right after spawn: only the child
+      // keeps it. Never through a symlink, never a FIFO (it would hang us or
+      // the child): ERR_CUSTODY_BAD_LOG.
       const fd = openAppend(s.file);
       opened.push(fd);
       return { fd };
@@ -177,9 +183,6 @@ export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [S
   }) as [StdioTarget, StdioTarget, StdioTarget];
 }
 
-function openAppend(file: string): number {
-  return openSync(file, fsConstants.O_WRONLY | fsConstants.O_APPEND | fsConstants.O_CREAT, 0o600);
-}
 
 export function envList(env: Record<string, string | undefined>): string[] {
   const out: string[] = [];

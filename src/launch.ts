@@ -7,18 +7,23 @@
  * launcher's fork), and a failed attempt is killed, reaped and its declared
  * paths removed before anything else happens.
  */
-import { closeSync, openSync, readFileSync, readSync, fstatSync, unlinkSync } from 'node:fs';
+import { closeSync, unlinkSync } from 'node:fs';
 import { connect } from 'node:net';
 import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef } from './backend/types.js';
-import { AbortError, ConfirmTimeoutError, LaunchExitedError, ReadyTimeoutError } from './errors.js';
+import { AbortError, ConfirmTimeoutError, InvalidArgError, LaunchExitedError, ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
+import { callHook } from './hooks.js';
 import { toIdentity } from './identity.js';
+import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js';
+import { isTargetPid, readPidfile } from './pidfile.js';
+import { UNKNOWN_EXIT } from './signals.js';
 import { terminate } from './terminate.js';
 import { sleep, TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
+import { describe, pidMax } from './validate.js';
 
 export interface Instance {
   id: string;
@@ -31,8 +36,25 @@ export interface Instance {
   exited: Promise<ExitStatus>;
 }
 
-export type ReadySpec = { socket: string; timeoutMs?: number } | ((instance: Instance) => Promise<void>);
-export type PidSpec = 'child' | { file: string } | (() => Promise<number>);
+export interface SocketReady {
+  /** A unix socket the process listens on. A connect proves "bound", not "serving": give a probe to make it exact. */
+  socket: string;
+  /** An alias of LaunchSpec.readyTimeoutMs (giving both is ERR_CUSTODY_INVALID_ARG). */
+  timeoutMs?: number;
+  /**
+   * Called, sync or async, once a connect succeeded and the process is still
+   * alive (e.g. QMP `qmp_capabilities` + `query-status`). Readiness is reached
+   * only when it resolves; a rejection is retried until the ready deadline,
+   * whose ERR_CUSTODY_READY_TIMEOUT carries the last one as its cause. The
+   * signal aborts once the wait is over.
+   */
+  probe?: (socket: string, signal: AbortSignal) => unknown;
+}
+
+/** A unix socket to connect to, or a check of your own (sync or async) that resolves once ready. */
+export type ReadySpec = SocketReady | ((instance: Instance) => unknown);
+/** The child itself, a pidfile (systemd Type=forking), or a function (sync or async) returning the pid. */
+export type PidSpec = 'child' | { file: string } | (() => number | PromiseLike<number>);
 
 export interface LaunchSpec {
   id: string;
@@ -48,8 +70,16 @@ export interface LaunchSpec {
    */
   executable?: string;
   ready?: ReadySpec;
-  /** Where the pid comes from: the child (default), a pidfile the program writes, or a function. */
+  /**
+   * Where the pid comes from: the child (default), a pidfile, or a function.
+   * With a pidfile custody follows systemd's Type=forking: it waits (within
+   * the confirm deadline) for the launcher to exit, then reads the pidfile;
+   * a launcher that exits non-zero is ERR_CUSTODY_LAUNCH_EXITED with its
+   * status and stderr tail.
+   */
   pid?: PidSpec;
+  /** With `pid: { file }`: false for a launcher that stays (systemd-run --scope, a shell that waits). Default true. */
+  launcherExits?: boolean;
   /** Paths removed on abandon and stop (sockets, pidfiles). */
   paths?: string[];
   /** How long the pid may take to exec into the expected argv. Default 3000. */
@@ -58,16 +88,27 @@ export interface LaunchSpec {
   attempts?: number;
   env?: Record<string, string | undefined>;
   cwd?: string;
+  /** Default: the instance's stdout log (see `logs`); 'ignore' with `logs: false`. */
   stdout?: StdioOption;
-  /** 'pipe' keeps a tail for error messages; `{ file }` appends (its tail is read on failure). Default 'ignore'. */
+  /**
+   * Default: the instance's stderr log, whose tail every ERR_CUSTODY_LAUNCH_EXITED carries; 'ignore' with
+   * `logs: false`. `{ file }` appends (its tail is read on failure). 'pipe' keeps a tail too, but a daemon
+   * writing to a pipe whose reader (this process) is gone gets EPIPE: not for anything that outlives the agent.
+   */
   stderr?: StdioOption;
+  /**
+   * Where stdout and stderr go when not given: <stateDir>/.logs/<id>/stdout.log and stderr.log, fresh at
+   * each launch (the previous run's kept as `.1`), capped at maxBytes (8 MiB) with `keep` (1) rotated
+   * generations, kept after stop. false: nowhere.
+   */
+  logs?: false | LogOptions;
   /** A new session for the process (default true): it must outlive the agent and its terminal. */
   detached?: boolean;
   /** Without a new session, still a new process group (setpgid), so the group can be told apart. */
   processGroup?: boolean;
   /** How long abandon waits after SIGTERM before SIGKILL. Default 2000. */
   abandonGraceMs?: number;
-  /** Readiness bound for a ready function. Default 10000. */
+  /** How long readiness may take (a socket, its probe, or a ready function). Default 10000. */
   readyTimeoutMs?: number;
   /** Cancels the launch: the attempt is abandoned and the launch rejects with an AbortError. */
   signal?: AbortSignal;
@@ -102,6 +143,8 @@ export interface Attempt {
   launcherExe?: { dev: number; ino: number } | null;
   paths: string[];
   pidSpec: PidSpec;
+  /** With a pidfile: the launcher exits once the pidfile is written (Type=forking). */
+  launcherExits: boolean;
   /** The process we spawned (the target itself, or a launcher). */
   child: ProcessHandle | null;
   /** The confirmed target, pinned by the inspection that confirmed it. */
@@ -110,15 +153,32 @@ export interface Attempt {
   stderrTail: () => string | undefined;
 }
 
-/** Spawns the command; keeps a bounded stderr tail when stderr is piped. */
-export function startChild(a: Attempt, spec: LaunchSpec): void {
-  const child = spawn(spec.command, a.argv, {
-    stdio: ['ignore', spec.stdout ?? 'ignore', spec.stderr ?? 'ignore'],
-    env: spec.env,
-    cwd: spec.cwd,
-    detached: spec.detached !== false,
-    newGroup: spec.processGroup === true,
-  });
+/**
+ * Spawns the command. stdout and stderr not given go to the instance's logs
+ * (`logs`, null for none); the stderr tail error messages carry comes from
+ * the stderr log or `{ file }`, read back bounded, or from a pipe.
+ */
+export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null): void {
+  const opened: number[] = [];
+  const stdio = (given: StdioOption | undefined, log: string | undefined): StdioOption => {
+    if (given !== undefined || log === undefined) return given ?? 'ignore';
+    const fd = openAppend(log);
+    opened.push(fd);
+    return { fd };
+  };
+  let child: ProcessHandle;
+  try {
+    child = spawn(spec.command, a.argv, {
+      stdio: ['ignore', stdio(spec.stdout, logs?.stdout), stdio(spec.stderr, logs?.stderr)],
+      env: spec.env,
+      cwd: spec.cwd,
+      detached: spec.detached !== false,
+      newGroup: spec.processGroup === true,
+    });
+  } finally {
+    // The child holds its own copies; ours would keep the files open.
+    for (const fd of opened) closeSync(fd);
+  }
   a.child = child;
   // The launcher's own program: a reported pid still running it is the
   // launcher's fork before exec, whatever its argv says. (Not needed when the
@@ -130,36 +190,19 @@ export function startChild(a: Attempt, spec: LaunchSpec): void {
       a.launcherExe = null;
     }
   }
-  if (spec.stderr === 'pipe' && child.stderr) {
+  const stderr = spec.stderr;
+  if (stderr === 'pipe' && child.stderr) {
     let tail = '';
-    // Read for the tail, but never hold the agent's loop open for a daemon's
-    // stderr. (A daemon writing to a pipe whose reader is gone gets EPIPE:
-    // prefer { file } for anything long-lived.)
+    // Read for the tail, but never hold the agent's loop open for a daemon's stderr.
     (child.stderr as Readable & { unref?: () => void }).unref?.();
     (child.stderr as Readable).on('data', (d: Buffer) => {
       tail = (tail + d.toString('utf8')).slice(-STDERR_TAIL_BYTES);
     });
     a.stderrTail = () => tail || undefined;
-  } else if (spec.stderr && typeof spec.stderr === 'object' && 'file' in spec.stderr) {
-    const file = spec.stderr.file;
-    a.stderrTail = () => readTail(file);
-  }
-}
-
-function readTail(file: string): string | undefined {
-  try {
-    const fd = openSync(file, 'r');
-    try {
-      const size = fstatSync(fd).size;
-      const len = Math.min(size, STDERR_TAIL_BYTES);
-      const buf = Buffer.alloc(len);
-      readSync(fd, buf, 0, len, size - len);
-      return buf.toString('utf8') || undefined;
-    } finally {
-      closeSync(fd);
-    }
-  } catch {
-    return undefined;
+  } else if (stderr && typeof stderr === 'object' && 'file' in stderr) {
+    a.stderrTail = () => errorTail(stderr.file, STDERR_TAIL_BYTES);
+  } else if (stderr === undefined && logs) {
+    a.stderrTail = () => errorTail(logs.stderr, STDERR_TAIL_BYTES);
   }
 }
 
@@ -167,30 +210,52 @@ function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): L
   return new LaunchExitedError(a.id, pid, status, a.stderrTail());
 }
 
-/** Resolves the pid: the child's, a pidfile's, or a function's. Fails fast if the launcher fails. */
-export async function obtainPid(a: Attempt, deadline: number, signal?: AbortSignal): Promise<number> {
+/**
+ * Resolves the pid: the child's, a function's, or a pidfile's, every wait
+ * bounded by the confirm deadline and the abort signal. A pidfile is read
+ * once the launcher has exited 0 (Type=forking; a failed launcher is
+ * ERR_CUSTODY_LAUNCH_EXITED), or, for a launcher that stays, polled while it
+ * runs. Its content is untrusted: see pidfile.ts.
+ */
+export async function obtainPid(
+  a: Attempt,
+  deadline: number,
+  timeoutMs: number,
+  signal?: AbortSignal,
+): Promise<number> {
   const child = a.child!;
+  const left = () => Math.max(0, deadline - Date.now());
   if (a.pidSpec === 'child') return child.pid;
   if (typeof a.pidSpec === 'function') {
-    const r = await within(a.pidSpec(), deadline - Date.now(), signal);
-    if (r === TIMED_OUT) throw new ConfirmTimeoutError(a.id, undefined, 0, 'the pid function did not resolve in time');
-    if (!Number.isSafeInteger(r) || r < 1) throw new ConfirmTimeoutError(a.id, undefined, 0, `the pid function returned ${String(r)}`);
+    const r = await within(callHook(a.pidSpec), left(), signal);
+    if (r === TIMED_OUT) {
+      throw new ConfirmTimeoutError(a.id, undefined, timeoutMs, 'the pid function did not resolve in time');
+    }
+    // A pid out of range would be cut to another pid somewhere down the line: refused, never wrapped.
+    if (!isTargetPid(r)) {
+      const range = `a pid is an integer from 2 to ${pidMax()}`;
+      throw new InvalidArgError(`the pid function of ${a.id} returned ${describe(r)}; ${range}`);
+    }
     return r;
   }
   const file = a.pidSpec.file;
-  for (let delay = 1; ; delay = Math.min(delay * 2, 25)) {
-    try {
-      const text = readFileSync(file, 'utf8').trim();
-      if (/^\d+$/.test(text) && Number(text) > 1) return Number(text);
-    } catch {
-      // not written yet
+  if (a.launcherExits) {
+    const st = await within(child.exited, left(), signal);
+    if (st === TIMED_OUT) {
+      const why = `the launcher (pid ${child.pid}) did not exit; give launcherExits: false for one that stays`;
+      throw new ConfirmTimeoutError(a.id, undefined, timeoutMs, why);
     }
+    if (st.code !== 0 || st.signal) throw exitedError(a, child.pid, st);
+  }
+  for (let delay = 1; ; delay = Math.min(delay * 2, 25)) {
+    const pid = readPidfile(file);
+    if (pid !== null) return pid;
     // A launcher that failed will never write it; one that exited 0 may
     // have daemonized after writing, so keep reading until the deadline.
     const st = child.exitStatus;
     if (st && (st.code !== 0 || st.signal)) throw exitedError(a, child.pid, st);
-    if (Date.now() >= deadline) throw new ConfirmTimeoutError(a.id, undefined, 0, `no pid in ${file}`);
-    await sleep(delay, signal);
+    if (Date.now() >= deadline) throw new ConfirmTimeoutError(a.id, undefined, timeoutMs, `no pid in ${file}`);
+    await sleep(Math.min(delay, left()), signal);
   }
 }
 
@@ -214,8 +279,11 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     }
     if (pinned === null || pinned.raw.state === 'Z') {
       pinned?.ref.close();
-      // The pid is gone before it carried our argv.
-      const st = pid === child.pid ? await child.exited : (child.exitStatus ?? { code: null, signal: null });
+      // The pid is gone before it carried our argv. (Our child's status
+      // comes with its reaping, at once; the bound is for the unexpected.)
+      const bound = Math.max(0, deadline - Date.now()) + EXIT_STATUS_WAIT_MS;
+      const reaped = pid === child.pid ? await within(child.exited, bound, signal) : TIMED_OUT;
+      const st = reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT);
       throw exitedError(a, pid, st);
     }
     const exe = pinned.raw.exe;
@@ -254,39 +322,111 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
   }
 }
 
-/** Waits until ready, failing the moment the process exits. */
-export async function waitReady(a: Attempt, instance: Instance, ready: ReadySpec, defaultTimeoutMs: number, signal?: AbortSignal): Promise<void> {
+/**
+ * Waits until ready, failing the moment the process exits (with its status
+ * and stderr tail). Bounded by timeoutMs and the abort signal; whatever is
+ * still polling or probing is told to stop when the wait ends.
+ */
+export async function waitReady(
+  a: Attempt,
+  instance: Instance,
+  ready: ReadySpec,
+  timeoutMs: number,
+  signal?: AbortSignal,
+): Promise<void> {
   const target = a.target!;
-  const timeoutMs = typeof ready === 'function' ? defaultTimeoutMs : (ready.timeoutMs ?? 10_000);
-  const died = target.exited.then((st) => ({ died: st }));
-  const check = typeof ready === 'function' ? ready(instance).then(() => 'ready' as const) : pollSocket(ready.socket, target, signal);
-  const r = await within(Promise.race([check, died]), timeoutMs, signal);
-  if (r === TIMED_OUT) {
-    throw new ReadyTimeoutError(a.id, timeoutMs, typeof ready === 'function' ? 'the ready check did not resolve' : `nothing accepted on ${ready.socket}`);
-  }
-  if (typeof r === 'object') {
-    // A launcher child that ended means nothing here; the target did.
-    throw exitedError(a, target.pid, r.died);
+  const over = new AbortController();
+  const probeFailure: { last?: unknown } = {};
+  const died = target.gone.then(() => 'died' as const);
+  const check =
+    typeof ready === 'function'
+      ? callHook(ready, instance).then(() => 'ready' as const)
+      : pollSocket(ready, target, a.identity!, probeFailure, over.signal);
+  try {
+    const r = await within(Promise.race([check, died]), timeoutMs, signal);
+    if (r === TIMED_OUT) {
+      const last = probeFailure.last as Error | undefined;
+      const detail =
+        typeof ready === 'function'
+          ? 'the ready check did not resolve'
+          : 'last' in probeFailure
+            ? `the probe of ${ready.socket} never succeeded: ${last?.message ?? String(last)}`
+            : `nothing accepted on ${ready.socket}`;
+      const cause = 'last' in probeFailure ? { cause: probeFailure.last } : undefined;
+      throw new ReadyTimeoutError(a.id, timeoutMs, detail, cause);
+    }
+    if (r === 'died') {
+      // A non-child's status exists once its parent reaps it: worth a bounded wait on this failure path.
+      const st = target.exitStatus ?? (await within(target.exited, EXIT_STATUS_WAIT_MS, signal));
+      throw exitedError(a, target.pid, st === TIMED_OUT ? UNKNOWN_EXIT : st);
+    }
+  } finally {
+    over.abort();
   }
 }
 
-async function pollSocket(path: string, target: ProcessHandle, signal?: AbortSignal): Promise<'ready'> {
+/** How long a failed launch waits for an exit status the kernel does not have yet. */
+const EXIT_STATUS_WAIT_MS = 2000;
+
+/**
+ * Whether the confirmed process still runs: not seen to exit, not a zombie,
+ * and the pid still its own (same start). Read now, not when the exit
+ * watcher next runs: a connect can succeed on a socket whose owner just died.
+ */
+function stillRunning(target: ProcessHandle, identity: ProcessIdentity): boolean {
+  if (target.hasExited) return false;
+  try {
+    const raw = backend.inspect(target.pid);
+    return raw.state !== 'Z' && raw.startTicks === identity.startTicks;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    return code !== 'ESRCH' && code !== 'ENOENT';
+  }
+}
+
+/**
+ * Connects until the socket accepts while the process still runs, then
+ * probes, if there is a probe, until it resolves. Never resolves when the
+ * process is gone: the exit wins the race in waitReady.
+ */
+async function pollSocket(
+  ready: SocketReady,
+  target: ProcessHandle,
+  identity: ProcessIdentity,
+  failure: { last?: unknown },
+  signal: AbortSignal,
+): Promise<'ready'> {
+  const never = new Promise<never>(() => {});
   for (let delay = 1; ; delay = Math.min(delay * 2, 50)) {
-    if (target.exitStatus) return new Promise<never>(() => {});
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = connect({ path });
-      s.once('connect', () => {
-        s.destroy();
-        resolve(true);
-      });
-      s.once('error', () => {
-        s.destroy();
-        resolve(false);
-      });
-    });
-    if (ok) return 'ready';
+    if (!stillRunning(target, identity)) return never;
+    if (await connects(ready.socket)) {
+      if (!stillRunning(target, identity)) return never;
+      if (!ready.probe) return 'ready';
+      try {
+        await callHook(ready.probe, ready.socket, signal);
+        if (!stillRunning(target, identity)) return never;
+        return 'ready';
+      } catch (err) {
+        if (signal.aborted) return never;
+        failure.last = err;
+      }
+    }
     await sleep(delay, signal);
   }
+}
+
+function connects(path: string): Promise<boolean> {
+  return new Promise<boolean>((resolve) => {
+    const s = connect({ path });
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => {
+      s.destroy();
+      resolve(false);
+    });
+  });
 }
 
 /**

@@ -8,6 +8,8 @@ import { statSync } from 'node:fs';
 import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
+import { callHook } from './hooks.js';
+import { assertLogOptions, InstanceLogs } from './logs.js';
 import {
   abandon,
   confirm,
@@ -21,7 +23,7 @@ import {
 } from './launch.js';
 import { recover, type RecoveryReport } from './recover.js';
 import { assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
-import { terminate } from './terminate.js';
+import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateTree } from './tree.js';
 import { backend } from './backend/index.js';
@@ -69,10 +71,17 @@ export interface StopOptions {
   tree?: boolean;
   /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
   graceMs?: number;
-  /** Ask the process to stop its own way (e.g. a VM powerdown over its control socket). Bounded by graceMs. */
-  graceful?: (instance: Instance, signal: AbortSignal) => Promise<void>;
+  /**
+   * Ask the process to stop its own way (e.g. a VM powerdown over its control socket).
+   * Sync or async; bounded by graceMs.
+   */
+  graceful?: (instance: Instance, signal: AbortSignal) => unknown;
   /** After a graceful hook, how long SIGTERM may take before SIGKILL. Default 2000. */
   termGraceMs?: number;
+  /**
+   * Already aborted: AbortError, nothing signalled. Aborted midway: "force it now": SIGKILL, a bounded wait
+   * (5 s) until it is gone, its state removed, then AbortError. Never a half-stopped process.
+   */
   signal?: AbortSignal;
 }
 
@@ -107,12 +116,17 @@ export class Supervisor {
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
+  #logs: InstanceLogs;
 
   private constructor(options: SupervisorOptions, store: StateStore) {
     this.options = options;
     this.stateDir = options.stateDir;
     this.store = store;
     this.emit = emitter(options.onEvent);
+    this.#logs = new InstanceLogs(options.stateDir, {
+      report: (type, fields) => this.emit(type, fields),
+      live: () => [...this.table.keys(), ...this.store.ids()],
+    });
   }
 
   /**
@@ -163,6 +177,7 @@ export class Supervisor {
     this.table.set(manifest.id, t);
     if (!this.options.keepAlive) handle.unref();
     void handle.exited.then((status) => this.#onExit(t, status));
+    void this.#logs.watch(manifest.id, handle.gone);
     return instance;
   }
 
@@ -227,10 +242,13 @@ export class Supervisor {
     const token = randomBytes(16).toString('hex');
     const argv = typeof spec.args === 'function' ? spec.args(token) : spec.args;
     assertStringArray(argv, 'args');
-    if (!argv.some((a) => a.includes(token))) {
+    const pidSpec = spec.pid ?? 'child';
+    // Only where the child's own argv is the target's can it be checked up
+    // front: a launcher may assemble the target's argv (and its token) from
+    // its own, and only the confirmed target must carry it.
+    if (pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
       throw new InvalidArgError(`args of ${spec.id} must carry the launch token: pass args as a function of the token`);
     }
-    const pidSpec = spec.pid ?? 'child';
     const pidFile = typeof pidSpec === 'object' ? pidSpec.file : null;
     const paths = [...(spec.paths ?? [])];
     if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);
@@ -263,6 +281,7 @@ export class Supervisor {
       executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
       paths: manifest.paths,
       pidSpec,
+      launcherExits: spec.launcherExits !== false,
       child: null,
       target: null,
       identity: null,
@@ -270,6 +289,9 @@ export class Supervisor {
     };
     // Stale paths of an earlier run would make readiness lie.
     removePaths(a.paths);
+    // Before the manifest: a log dir that cannot be trusted fails the launch with nothing to undo.
+    const logged = spec.stdout === undefined || spec.stderr === undefined;
+    const logs = this.#logs.prepare(spec.id, logged ? spec.logs : false);
     // Written, and fsync'd, before anything is spawned: a supervisor killed
     // from here on leaves a record recovery can find the process by.
     await this.store.write(manifest);
@@ -277,15 +299,17 @@ export class Supervisor {
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
-      startChild(a, spec);
+      startChild(a, spec, logs);
       this.emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
       const deadline = Date.now() + confirmTimeoutMs;
-      const pid = await obtainPid(a, deadline, signal);
+      const pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
       this.emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
       const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
       if (spec.ready) {
-        await waitReady(a, instance, spec.ready, spec.readyTimeoutMs ?? 10_000, signal);
+        const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
+        const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
+        await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
         this.emit('ready', { id: spec.id, pid, message: 'ready' });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
@@ -335,41 +359,75 @@ export class Supervisor {
 
   async #stop(t: Tracked, options: StopOptions & { graceMs: number }): Promise<StopResult> {
     const h = t.handle!;
+    if (options.signal?.aborted) throw new AbortError(options.signal.reason);
+    let result: StopResult;
+    try {
+      result = await this.#end(t, h, options);
+    } catch (err) {
+      if (!(err instanceof AbortError)) throw err;
+      // Abort means "force it now": KILL, a bounded wait until it is gone
+      // (StopTimeoutError if it outlives that), and only then the AbortError.
+      await (options.tree ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true }) : forceEnd(h));
+      await this.store.remove(t.id);
+      const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
+      this.#stopped(t, h, killed, 'stop aborted: ended with SIGKILL; state removed');
+      throw err;
+    }
+    await this.store.remove(t.id);
+    const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
+    this.#stopped(t, h, result, `stopped (${how}); state removed`);
+    return result;
+  }
+
+  /** Proven gone: the pin, the declared paths, the entry go; the stop event says how. */
+  #stopped(t: Tracked, h: ProcessHandle, result: StopResult, message: string): void {
+    h.close();
+    if (t.manifest) removePaths(t.manifest.paths);
+    if (this.table.get(t.id) === t) this.table.delete(t.id);
+    this.emit('stop', { id: t.id, pid: h.pid, ...result, message });
+  }
+
+  async #end(t: Tracked, h: ProcessHandle, options: StopOptions & { graceMs: number }): Promise<StopResult> {
     const emitEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
       this.emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
-    let result: StopResult;
     if (t.status === 'exited' || h.exitStatus) {
       const st = t.exit ?? h.exitStatus ?? { code: null, signal: null };
-      result = { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
-    } else if (options.graceful) {
+      return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
+    }
+    if (options.graceful) {
       const ac = new AbortController();
-      // The hook asks; the process then has the rest of graceMs to act on it.
-      const hook = options.graceful(t.instance!, ac.signal).then(
-        () => h.exited.then(() => 'done' as const),
+      // Gone, not exited: a non-child's status may come much later, if ever.
+      const gone = h.gone.then(() => 'gone' as const);
+      // The hook asks (sync or async); the process then has the rest of graceMs to act on it.
+      const hook = callHook(options.graceful, t.instance!, ac.signal).then(
+        () => gone,
         (err: unknown) => {
-          this.emit('warning', { id: t.id, message: `graceful stop hook failed: ${(err as Error)?.message ?? err}` });
+          const why = (err as Error)?.message ?? String(err);
+          this.emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
           return 'failed' as const;
         },
       );
-      const r = await within(Promise.race([hook, h.exited]), options.graceMs, options.signal);
+      let r;
+      try {
+        r = await within(Promise.race([hook, gone]), options.graceMs, options.signal);
+      } finally {
+        // Whatever ended the graceful phase, the hook's work is over.
+        ac.abort(new Error(r === TIMED_OUT ? 'graceful stop timed out' : 'graceful stop is over'));
+      }
       if (r === TIMED_OUT) {
-        ac.abort(new Error('graceful stop timed out'));
         this.emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
       }
       const termOptions = { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate };
-      result = options.tree ? await terminateTree(h, { ...termOptions, reapIfChild: true }) : await terminate(h, termOptions);
-      if (r !== TIMED_OUT && typeof r === 'object') result = { ...result, outcome: 'exited' };
-    } else if (options.tree) {
-      result = await terminateTree(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate, reapIfChild: true });
-    } else {
-      result = await terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
+      const result = options.tree
+        ? await terminateTree(h, { ...termOptions, reapIfChild: true })
+        : await terminate(h, termOptions);
+      return r === 'gone' ? { ...result, outcome: 'exited' } : result;
     }
-    h.close();
-    if (t.manifest) removePaths(t.manifest.paths);
-    await this.store.remove(t.id);
-    if (this.table.get(t.id) === t) this.table.delete(t.id);
-    this.emit('stop', { id: t.id, pid: h.pid, ...result, message: `stopped (${result.outcome}${result.escalated ? ', after SIGKILL' : ''}); state removed` });
-    return result;
+    if (options.tree) {
+      const { graceMs, signal } = options;
+      return terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true });
+    }
+    return terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
   }
 
   /**
@@ -470,6 +528,7 @@ export class Supervisor {
     if (this.#closed) return;
     this.#closed = true;
     if (this.#sweepTimer) clearInterval(this.#sweepTimer);
+    this.#logs.close();
     this.#releaseAll();
   }
 
@@ -516,12 +575,25 @@ function validateSpec(spec: LaunchSpec): void {
   if (pid !== undefined && pid !== 'child' && typeof pid !== 'function' && !(pid && typeof pid === 'object' && typeof pid.file === 'string' && pid.file.startsWith('/'))) {
     throw new InvalidArgError("pid must be 'child', { file: absolutePath } or a function");
   }
+  const pidFile = !!pid && typeof pid === 'object';
+  if (spec.launcherExits !== undefined && (typeof spec.launcherExits !== 'boolean' || !pidFile)) {
+    throw new InvalidArgError('launcherExits is a boolean, and only for pid: { file }');
+  }
   if (spec.ready !== undefined && typeof spec.ready !== 'function') {
     if (!spec.ready || typeof spec.ready.socket !== 'string' || !spec.ready.socket.startsWith('/')) {
-      throw new InvalidArgError('ready must be { socket: absolutePath, timeoutMs? } or a function');
+      throw new InvalidArgError('ready must be { socket: absolutePath, probe?, timeoutMs? } or a function');
     }
-    if (spec.ready.timeoutMs !== undefined) assertDuration(spec.ready.timeoutMs, 'ready.timeoutMs');
+    if (spec.ready.probe !== undefined && typeof spec.ready.probe !== 'function') {
+      throw new InvalidArgError('ready.probe must be a function');
+    }
+    if (spec.ready.timeoutMs !== undefined) {
+      assertDuration(spec.ready.timeoutMs, 'ready.timeoutMs');
+      if (spec.readyTimeoutMs !== undefined) {
+        throw new InvalidArgError('give readyTimeoutMs or its alias ready.timeoutMs, not both');
+      }
+    }
   }
+  assertLogOptions(spec.logs);
   if (spec.confirmTimeoutMs !== undefined) assertDuration(spec.confirmTimeoutMs, 'confirmTimeoutMs');
   if (spec.abandonGraceMs !== undefined) assertDuration(spec.abandonGraceMs, 'abandonGraceMs');
   if (spec.readyTimeoutMs !== undefined) assertDuration(spec.readyTimeoutMs, 'readyTimeoutMs');

@@ -2,12 +2,15 @@
  * terminate(): TERM, a bounded wait, KILL, a bounded wait, proven gone. A
  * process that is already gone is success. Signals go only through the
  * handle's pin, so they reach the proven process or nobody.
+ *
+ * It returns the moment the exit is seen: the status is what the kernel has
+ * by then (a non-child's exists only once its own parent reaps it, and an
+ * init that reaps slowly would otherwise add its delay to every stop).
  */
 import { AbortError, InvalidArgError, StopTimeoutError } from './errors.js';
 import { ProcessHandle } from './handle.js';
-import { signalNumber } from './signals.js';
+import { signalNumber, UNKNOWN_EXIT } from './signals.js';
 import { TIMED_OUT, within } from './timing.js';
-import type { ExitStatus } from './types.js';
 import { assertDuration, assertSignallable } from './validate.js';
 
 export interface TerminateOptions {
@@ -19,7 +22,12 @@ export interface TerminateOptions {
   killSignal?: NodeJS.Signals | number;
   /** How long to wait after killSignal for the exit to be seen. Default 5000 ms. */
   killWaitMs?: number;
-  /** The caller's cancellation: rejects with an AbortError; signals already sent stay sent. */
+  /**
+   * The caller's cancellation. Already aborted: an AbortError, nothing sent.
+   * Aborted midway: "force it now": killSignal, a wait of up to killWaitMs for
+   * the exit, then the AbortError (StopTimeoutError if it outlives even that),
+   * so an abort never leaves a process half-stopped.
+   */
   signal?: AbortSignal;
   /** Called when escalating to killSignal, before it is sent: a warning worth surfacing. */
   onEscalate?: (info: { pid: number; graceMs: number }) => void;
@@ -53,30 +61,44 @@ export async function terminate(handle: ProcessHandle, options: TerminateOptions
   const abort = options.signal;
   if (abort?.aborted) throw new AbortError(abort.reason);
 
-  const done = (outcome: TerminateResult['outcome'], escalated: boolean, status: ExitStatus): TerminateResult => ({
-    outcome,
-    escalated,
-    code: status.code,
-    signal: status.signal,
-  });
-
-  // Decisions wait for the exit to be seen (`gone`); the status may come a
-  // little later, once a non-child's parent has reaped it.
-  const statusOf = async (): Promise<ExitStatus> => {
-    const st = handle.exitStatus ?? (await within(handle.exited, STATUS_WAIT_MS));
-    return st === TIMED_OUT ? { code: null, signal: null } : st;
+  // Decisions wait for the exit to be seen (`gone`), never for its status.
+  const done = (outcome: TerminateResult['outcome'], escalated: boolean): TerminateResult => {
+    const status = handle.exitStatus ?? UNKNOWN_EXIT;
+    return { outcome, escalated, code: status.code, signal: status.signal };
   };
-  if (!handle.signal(termSignal)) return done('already-gone', false, await statusOf());
-  if ((await within(handle.gone, graceMs, abort)) !== TIMED_OUT) return done('exited', false, await statusOf());
+  const goneWithin = async (ms: number) => {
+    try {
+      return (await within(handle.gone, ms, abort)) !== TIMED_OUT;
+    } catch (err) {
+      if (err instanceof AbortError) await forceEnd(handle, { killSignal, killWaitMs });
+      throw err;
+    }
+  };
+  if (!handle.signal(termSignal)) return done('already-gone', false);
+  if (await goneWithin(graceMs)) return done('exited', false);
 
   options.onEscalate?.({ pid: handle.pid, graceMs });
   const sent = handle.signal(killSignal);
-  if ((await within(handle.gone, killWaitMs, abort)) === TIMED_OUT) {
-    if (!handle.isAlive()) return done(sent ? 'exited' : 'already-gone', sent, { code: null, signal: null });
+  if (!(await goneWithin(killWaitMs))) {
+    if (!handle.isAlive()) return done(sent ? 'exited' : 'already-gone', sent);
     throw new StopTimeoutError(handle.pid, killWaitMs);
   }
-  return done('exited', sent, await statusOf());
+  return done('exited', sent);
 }
 
-/** How long to wait, once an exit is seen, for its status (a non-child's parent reaping it). */
-const STATUS_WAIT_MS = 1500;
+/**
+ * Ends a process now: killSignal (SIGKILL by default), then up to killWaitMs
+ * (5000) for the exit to be seen. Resolves once it is gone; throws
+ * StopTimeoutError if it is still alive at the bound. What an abort midway
+ * through a stop turns into.
+ */
+export async function forceEnd(
+  handle: ProcessHandle,
+  options: { killSignal?: NodeJS.Signals | number; killWaitMs?: number } = {},
+): Promise<void> {
+  const killWaitMs = options.killWaitMs ?? 5000;
+  handle.signal(signalNumber(options.killSignal ?? 'SIGKILL'));
+  if ((await within(handle.gone, killWaitMs)) === TIMED_OUT && handle.isAlive()) {
+    throw new StopTimeoutError(handle.pid, killWaitMs);
+  }
+}

@@ -48,6 +48,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
         command: LAUNCHER,
         args: (t) => [pidfile, delay, PYTHON, ...vmArgs(socket, t)],
         pid: { file: pidfile },
+        launcherExits: false,
         // Named or not: a pid still running the launcher's program is its fork.
         ...(i % 2 ? { executable: PYTHON } : {}),
         ready: { socket },
@@ -73,6 +74,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
         command: LAUNCHER,
         args: (t) => [pidfile, '600', PYTHON, ...vmArgs(socket, t)],
         pid: { file: pidfile },
+        launcherExits: false,
         executable: PYTHON,
         confirmTimeoutMs: 400,
       }),
@@ -329,9 +331,10 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     await ctx.supervisor.launch({ id: 'ab', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term']), ready: { socket } });
     const ac = new AbortController();
     setTimeout(() => ac.abort(), 100);
+    const inst = ctx.supervisor.get('ab')!;
     await expect(ctx.supervisor.stop('ab', { graceMs: 10_000, signal: ac.signal })).rejects.toMatchObject({ name: 'AbortError' });
-    // Still tracked and still stoppable.
-    expect(ctx.supervisor.list()).toMatchObject([{ id: 'ab', status: 'running' }]);
-    expect(await ctx.supervisor.stop('ab', { graceMs: 100 })).toMatchObject({ escalated: true });
+    // Abort means "force it now": killed, proven gone, state removed (test/stop.test.ts has more).
+    expect(isGone(inst.pid)).toBe(true);
+    expect(ctx.supervisor.list()).toEqual([]);
   });
 });

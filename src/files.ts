@@ -1,0 +1,61 @@
+/**
+ * Opening paths that something else may control (pidfiles, logs): never
+ * through a symlink, never a FIFO, socket or device, never blocking. Each
+ * caller turns a refusal into its own error (ERR_CUSTODY_BAD_PIDFILE,
+ * ERR_CUSTODY_BAD_LOG); other errno errors (ENOENT, EACCES) pass through.
+ */
+import { closeSync, constants as fsc, fstatSync, lstatSync, openSync, type Stats } from 'node:fs';
+
+// O_NOFOLLOW: a symlink at the path is ELOOP. O_NONBLOCK: a FIFO swapped in
+// after the check opens (or fails, ENXIO) at once instead of waiting for a
+// peer. O_NOCTTY: a terminal never becomes our controlling tty. Node opens
+// every fd O_CLOEXEC, so nothing custody spawns inherits one by accident.
+const GUARD = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
+
+/** What a file at a path is, for refusals that say why. */
+export function fileKind(st: Stats): string {
+  if (st.isSymbolicLink()) return 'a symlink (never followed)';
+  if (st.isFIFO()) return 'a FIFO';
+  if (st.isCharacterDevice()) return 'a character device';
+  if (st.isBlockDevice()) return 'a block device';
+  if (st.isSocket()) return 'a socket';
+  if (st.isDirectory()) return 'a directory';
+  return 'not a regular file';
+}
+
+export type Opened = { fd: number; st: Stats } | { refused: string; cause?: unknown };
+
+/**
+ * Opens a regular file with `flags` (plus O_NOFOLLOW | O_NONBLOCK |
+ * O_NOCTTY). Whatever is at the path is looked at first and refused unopened
+ * when it is not a regular file (opening a device can have effects of its
+ * own, e.g. arming a watchdog); the fd is then checked to be that very file.
+ */
+export function openRegular(path: string, flags: number, mode = 0o600): Opened {
+  let before: Stats | null = null;
+  try {
+    before = lstatSync(path);
+  } catch (err) {
+    // Absent: only an O_CREAT open goes on, and creates a regular file.
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !(flags & fsc.O_CREAT)) throw err;
+  }
+  if (before && !before.isFile()) return { refused: `is ${fileKind(before)}` };
+  let fd: number;
+  try {
+    fd = openSync(path, flags | GUARD, mode);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    // Swapped since the lstat: ELOOP a symlink, ENXIO a FIFO without a reader or a socket, EISDIR a dir.
+    if (code === 'ELOOP') return { refused: 'is a symlink (never followed)', cause: err };
+    if (code === 'ENXIO') return { refused: 'is a FIFO or a socket', cause: err };
+    if (code === 'EISDIR') return { refused: 'is a directory', cause: err };
+    throw err;
+  }
+  const st = fstatSync(fd);
+  const swapped = before !== null && (st.dev !== before.dev || st.ino !== before.ino);
+  if (!st.isFile() || swapped) {
+    closeSync(fd);
+    return { refused: swapped ? 'was replaced while it was being opened' : `is ${fileKind(st)}` };
+  }
+  return { fd, st };
+}

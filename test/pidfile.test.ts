@@ -130,7 +130,7 @@ describe(`launch with a hostile pidfile (${backend.name})`, () => {
     const { pid } = await bystander;
     await expect(launchWith('wrap', `echo ${2 ** 32 + pid} > "$3"`)).rejects.toMatchObject({ ...refused, message: expect.stringMatching(/out of range/) });
     expect(isGone(pid)).toBe(false);
-    expect(ctx.supervisor.list()).toEqual([{ id: 'bystander', status: 'running', pid }]);
+    expect(ctx.supervisor.list()).toEqual([{ id: 'bystander', status: 'running', pid, ppid: expect.any(Number) }]);
   });
 
   it('a pid function that returns a pid out of range is ERR_CUSTODY_INVALID_ARG, and the attempt is undone', async () => {

@@ -84,7 +84,7 @@ describe(`an aborted stop forces the stop (${backend.name})`, () => {
     ac.abort();
     await expect(ctx.supervisor.stop('pre', { signal: ac.signal })).rejects.toBeInstanceOf(AbortError);
     expect(loggedSignals(log)).toEqual([]);
-    expect(ctx.supervisor.list()).toEqual([{ id: 'pre', status: 'running', pid: inst.pid }]);
+    expect(ctx.supervisor.list()).toEqual([{ id: 'pre', status: 'running', pid: inst.pid, ppid: expect.any(Number) }]);
     expect(await ctx.supervisor.stop('pre', { graceMs: 100 })).toMatchObject({ outcome: 'exited', escalated: true });
   });
 

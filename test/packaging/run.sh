@@ -120,7 +120,11 @@ floor_node() {
   [ "$("$node20" --version)" = v20.0.0 ] || return 1
   run_app env EXPECT_BACKEND=native "$node20" consumer.mjs && run_app env EXPECT_BACKEND=native "$node20" consumer.cjs
 }
-check "Node 20.0.0 (the engines floor): ESM and CommonJS consumers load the prebuild (native)" floor_node
+if [ "$libc" = glibc ]; then
+  check "Node 20.0.0 (the engines floor): ESM and CommonJS consumers load the prebuild (native)" floor_node
+else
+  echo "skip - Node 20.0.0: the npm registry's node-linux-* binaries are glibc builds"
+fi
 
 # The arm64 prebuild, loaded from the installed package by an arm64 Node.
 if [ -f "$pkg/prebuilds/linux-arm64/custody.glibc.node" ]; then
@@ -187,15 +191,19 @@ git_install() {
   echo '{ "name": "git-consumer", "private": true, "type": "module" }' >"$gitapp/package.json"
   cp test/packaging/consumer.mjs test/packaging/consumer.cjs "$gitapp/"
   (cd "$gitapp" && PATH="$nocc" npm install --no-audit --no-fund --prefer-offline --foreground-scripts \
-    "git+file://$root#$(git -C "$root" rev-parse HEAD)")
+    "git+file://$root#$head")
   [ -f "$gitapp/node_modules/custody/dist/cjs/index.js" ] || { echo "dist/cjs not built"; return 1; }
 }
-check "npm install git+file://… of this commit, no compiler on PATH" git_install
-from_git="^no native addon for $host .*the install-time source build failed \\(.*not found on PATH: .*\\)\\. Fix: "
-check "git install, CommonJS: require('custody') works (js backend, says why)" \
-  run_in "$gitapp" env EXPECT_BACKEND=js EXPECT_REASON="$from_git" node consumer.cjs
-check "git install, ESM: import works (js backend, says why)" \
-  run_in "$gitapp" env EXPECT_BACKEND=js EXPECT_REASON="$from_git" node consumer.mjs
+if head=$(git -C "$root" rev-parse HEAD 2>/dev/null); then
+  check "npm install git+file://… of this commit, no compiler on PATH" git_install
+  from_git="^no native addon for $host .*the install-time source build failed \\(.*not found on PATH: .*\\)\\. Fix: "
+  check "git install, CommonJS: require('custody') works (js backend, says why)" \
+    run_in "$gitapp" env EXPECT_BACKEND=js EXPECT_REASON="$from_git" node consumer.cjs
+  check "git install, ESM: import works (js backend, says why)" \
+    run_in "$gitapp" env EXPECT_BACKEND=js EXPECT_REASON="$from_git" node consumer.mjs
+else
+  echo "skip - git install: no git here, or git will not read this checkout (another owner)"
+fi
 
 # 9. Types, as a TypeScript consumer sees them (skipLibCheck off: the shipped .d.ts are checked too).
 tsc="$root/node_modules/typescript/bin/tsc"

@@ -86,7 +86,8 @@ if (existsSync(dir)) {
       const target = `${platform}-${arch}-${libc}`;
       const row = { target, file: path.relative(root, file), bytes: statSync(file).size };
       rows.push(row);
-      if (fresh && statSync(file).mtimeMs < statSync(newestSource).mtimeMs) {
+      row.stale = statSync(file).mtimeMs < statSync(newestSource).mtimeMs;
+      if (fresh && row.stale) {
         problems.push(`${row.file}: older than ${path.relative(root, newestSource)} (rebuild: npm run prebuilds)`);
       }
       if (platform !== 'linux') continue;

@@ -6,6 +6,7 @@
 //   node scripts/prebuild.mjs                 the host's target
 //   node scripts/prebuild.mjs all             every target this machine can build
 //   node scripts/prebuild.mjs linux-arm64-glibc linux-x64-glibc ...
+//   node scripts/prebuild.mjs all --missing   only those absent or older than native/ (npm pack's prepack)
 //
 // Targets: linux-{x64,arm64}-{glibc,musl}. A target that is not the host's is
 // cross-compiled with Debian's toolchains where one exists:
@@ -45,7 +46,12 @@ function onPath(cmd) {
 function toolchain(target) {
   const [platform, arch, libc] = target.split('-');
   if (platform !== 'linux') return { error: 'only linux targets are prebuilt' };
-  if (target === host) return { env: {}, strip: 'strip' };
+  if (target === host) {
+    const cxx = process.env.CXX?.split(' ')[0] || 'g++';
+    const absent = [cxx, 'make'].filter((c) => !onPath(c));
+    if (absent.length) return { error: `${absent.join(' and ')} not found (apt-get install g++ make python3)` };
+    return { env: {}, strip: 'strip' };
+  }
   if (process.platform !== 'linux') return { error: `cannot cross-compile from ${process.platform}` };
   if (libc === 'musl' || hostLibc() === 'musl') {
     return {
@@ -66,6 +72,8 @@ function toolchain(target) {
 }
 
 let targets = process.argv.slice(2);
+const missingOnly = targets.includes('--missing');
+targets = targets.filter((t) => t !== '--missing');
 const all = targets.includes('all');
 if (targets.length === 0) targets = [host];
 if (all) targets = TARGETS;
@@ -85,8 +93,20 @@ if (!env.npm_config_nodedir && existsSync(path.join(prefix, 'include', 'node', '
   env.npm_config_nodedir = prefix;
 }
 
+/** Targets whose prebuild is present and newer than the addon's sources (scripts/check-prebuilds.mjs decides). */
+function upToDate() {
+  const r = spawnSync(process.execPath, [path.join(root, 'scripts', 'check-prebuilds.mjs'), '--json'], {
+    cwd: root,
+    encoding: 'utf8',
+  });
+  if (r.error || r.stdout === '') throw new Error(`check-prebuilds failed: ${r.error?.message ?? r.stderr}`);
+  return new Set(JSON.parse(r.stdout).prebuilds.filter((p) => !p.stale).map((p) => p.target));
+}
+
 const built = [];
 const skipped = [];
+const kept = missingOnly ? targets.filter((t) => upToDate().has(t)) : [];
+targets = targets.filter((t) => !kept.includes(t));
 for (const target of targets) {
   const [, arch, libc] = target.split('-');
   const tc = toolchain(target);
@@ -139,5 +159,6 @@ if (built.length) {
   if (check.status !== 0) process.exit(check.status ?? 1);
 }
 for (const s of skipped) console.warn(`prebuild: skipped ${s}`);
+if (kept.length) console.log(`prebuild: kept ${kept.join(', ')} (present and newer than native/)`);
 const name = JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')).name;
 console.log(`prebuild: built ${built.length ? built.join(', ') : 'nothing'} (prebuilds/linux-*/${name}.*.node)`);

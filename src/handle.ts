@@ -196,12 +196,33 @@ export function envList(env: Record<string, string | undefined>): string[] {
   return out;
 }
 
+/** A stream exists exactly where its slot is 'pipe'; a union (a stdio value not known until run time) gives both. */
+type PipeOr<S, Stream> = S extends 'pipe' ? Stream : null;
+/** Slot I of a stdio option: one value stands for all three. */
+type StdioSlot<S, I extends 0 | 1 | 2> = S extends readonly [StdioOption, StdioOption, StdioOption] ? S[I] : S;
+
+/** The handle spawn() returns for the stdio option S: stdin, stdout and stderr typed non-null where S pipes them. */
+export type SpawnedHandle<S extends SpawnOptions['stdio']> = ProcessHandle & {
+  readonly stdin: PipeOr<StdioSlot<S, 0>, Writable>;
+  readonly stdout: PipeOr<StdioSlot<S, 1>, Readable>;
+  readonly stderr: PipeOr<StdioSlot<S, 2>, Readable>;
+};
+
 /**
  * Spawns a child and returns its handle. On the native backend the pidfd
  * comes with the pid (clone CLONE_PIDFD), the child is created without
  * copying our page tables (CLONE_VM | CLONE_VFORK), and exec failure
  * (ENOENT, EACCES) is thrown synchronously with nothing left behind.
+ *
+ * With `stdio` written out (`'pipe'`, or `['ignore', 'pipe', 'pipe']`) the
+ * handle's streams are typed by it: non-null where piped, null elsewhere.
  */
+export function spawn<S extends SpawnOptions['stdio']>(
+  command: string,
+  args: readonly string[],
+  options: SpawnOptions & { stdio: S },
+): SpawnedHandle<S>;
+export function spawn(command: string, args?: readonly string[], options?: SpawnOptions): ProcessHandle;
 export function spawn(command: string, args: readonly string[] = [], options: SpawnOptions = {}): ProcessHandle {
   if (typeof command !== 'string' || command === '' || command.includes('\0')) {
     throw new InvalidArgError('command must be a non-empty string without NUL bytes');

@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { AbortError, capabilities, inspect, open, spawn, terminate, ProcessHandle } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { killAndWait, untilReady, loggedSignals, procStat, signalLoggerArgs, sleeper, tmpDir, unusedPid, waitFor } from './helpers/procs.js';
+import { isRoot, killAndWait, untilReady, loggedSignals, procStat, signalLoggerArgs, sleeper, tmpDir, unusedPid, waitFor } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -24,7 +24,11 @@ describe(`spawn (${backend.name})`, () => {
 
   it('fails synchronously with ENOENT or EACCES and leaves no process', () => {
     expect(() => spawn('/nonexistent/custody-x')).toThrow(expect.objectContaining({ code: 'ENOENT' }));
-    expect(() => spawn('custody-no-such-command-anywhere')).toThrow(expect.objectContaining({ code: 'ENOENT' }));
+    // A PATH of searchable dirs only: one we may not search makes it EACCES (below).
+    const searchable = { PATH: '/usr/local/bin:/usr/bin:/bin' };
+    expect(() => spawn('custody-no-such-command-anywhere', [], { env: searchable })).toThrow(
+      expect.objectContaining({ code: 'ENOENT' }),
+    );
     const dir = tmpDir();
     try {
       const file = join(dir.path, 'not-executable');
@@ -33,6 +37,20 @@ describe(`spawn (${backend.name})`, () => {
       expect(() => spawn(file)).toThrow(expect.objectContaining({ code: 'EACCES' }));
       expect(() => spawn(dir.path)).toThrow(expect.objectContaining({ code: 'EACCES' }));
     } finally {
+      dir.cleanup();
+    }
+  });
+
+  it('says EACCES, as execvp does, for a command not found when a PATH dir could not be searched', async (ctx) => {
+    ctx.skip(isRoot(), 'root searches every directory: run unprivileged (.ci/run does)');
+    const dir = tmpDir();
+    try {
+      chmodSync(dir.path, 0o000);
+      const env = { PATH: `${dir.path}:/usr/bin:/bin` };
+      expect(() => spawn('custody-no-such-command-anywhere', [], { env })).toThrow(expect.objectContaining({ code: 'EACCES' }));
+      expect(await spawn('true', [], { env }).exited).toEqual({ code: 0, signal: null });
+    } finally {
+      chmodSync(dir.path, 0o700);
       dir.cleanup();
     }
   });

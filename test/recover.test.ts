@@ -238,6 +238,7 @@ describe(`recovery (${backend.name})`, () => {
 
 describe(`recovery in a PID namespace (${backend.name})`, () => {
   const canNs = isRoot() && hasUnshare();
+  const NS_NOTE = 'needs root and unshare --pid --mount-proc: runs inside a PID namespace';
   const run = async (mode: string, trials: number) => {
     const dir = tmpDir('custody-ns-');
     cleanups.push(() => dir.cleanup());
@@ -249,7 +250,8 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
     return JSON.parse(stdout.trim().split('\n').pop()!);
   };
 
-  it.skipIf(!canNs)('a supervisor SIGKILLed between spawn and confirm, then reopened: no orphan, no zombie, no stale manifest', async () => {
+  it('a supervisor SIGKILLed between spawn and confirm, then reopened: no orphan, no zombie, no stale manifest', async (ctx) => {
+    ctx.skip(!canNs, NS_NOTE);
     const r = await run('crash', 4);
     expect(r.errors).toEqual([]);
     expect(r.trials).toBe(4);
@@ -260,7 +262,8 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
     for (const rep of r.reports) expect(rep.adopted + rep.cleaned).toBe(1);
   });
 
-  it.skipIf(!canNs)('genuine PID reuse: the new owner is never signalled and the instance is quarantined, even within one clock tick', async () => {
+  it('genuine PID reuse: the new owner is never signalled and the instance is quarantined, even within one clock tick', async (ctx) => {
+    ctx.skip(!canNs, NS_NOTE);
     const r = await run('reuse', 10);
     expect(r.errors).toEqual([]);
     expect(r.trials).toBe(10);

@@ -2,7 +2,9 @@
  * The addon's shape (native/*.cc) and its loader. Loading never throws: a
  * missing or broken addon yields the reason, and the js backend takes over.
  */
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
+import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { StatFields } from '../proc.js';
 
@@ -52,17 +54,78 @@ export interface NativeAddon {
 /** The package root: this file sits in src/backend or dist/backend. */
 export const packageRoot = fileURLToPath(new URL('../..', import.meta.url));
 
-export function loadAddon(): { addon: NativeAddon } | { error: string } {
-  if (process.env.CUSTODY_ADDON_PATH === '') return { error: 'CUSTODY_ADDON_PATH is empty (addon disabled)' };
+/** The one fix for every missing or broken addon: build it here (scripts/install.cjs runs node-gyp when no prebuild loads). */
+const FIX = 'Fix: install a C++ toolchain (g++, make, python3), then run `npm rebuild custody`';
+
+/** Written by scripts/install.cjs when its source build failed: why, in one line. */
+const INSTALL_ERROR_FILE = path.join('build', 'custody-install-error.txt');
+
+const firstLine = (err: unknown): string =>
+  (err instanceof Error ? err.message : String(err)).split('\n')[0]?.trim() ?? '';
+
+/**
+ * Why node-gyp-build found nothing to load: which prebuild it looked for, which
+ * ones the package holds, and what became of the install-time source build.
+ */
+function notFound(): string {
+  // The names node-gyp-build matches on: prebuilds/<platform>-<arch>/<name>.<libc>.node (musl on Alpine).
+  const libc = process.env.LIBC || (existsSync('/etc/alpine-release') ? 'musl' : 'glibc');
+  const target = `${process.platform}-${process.arch}-${libc}`;
+  const runtime = `node ${process.versions.node}, abi ${process.versions.modules}, napi ${process.versions.napi}`;
+  const dir = path.join(packageRoot, 'prebuilds');
+  const shipped = existsSync(dir)
+    ? readdirSync(dir).flatMap((d) => {
+        try {
+          return readdirSync(path.join(dir, d))
+            .filter((f) => f.endsWith('.node'))
+            .map((f) => `${d}/${f}`);
+        } catch {
+          return [];
+        }
+      })
+    : [];
+  const has = shipped.length ? `the package has ${shipped.join(', ')}` : 'the package has none';
+  const build =
+    installFailure() ??
+    'no source build in build/Release (none was made at install time: no compiler was available, ' +
+      'or install scripts did not run)';
+  return `no native addon for ${target} (${runtime}): no prebuild for it in prebuilds/ (${has}), and ${build}. ${FIX}`;
+}
+
+/** What scripts/install.cjs recorded when its source build failed, if it did. */
+function installFailure(): string | null {
   try {
-    const require = createRequire(import.meta.url);
-    const addon = (process.env.CUSTODY_ADDON_PATH
-      ? require(process.env.CUSTODY_ADDON_PATH)
-      : require('node-gyp-build')(packageRoot)) as NativeAddon;
-    if (addon.unsupported) return { error: addon.unsupported };
-    return { addon };
-  } catch (err) {
-    const message = err instanceof Error ? err.message.split('\n')[0] : String(err);
-    return { error: `the native addon did not load: ${message}` };
+    const why = readFileSync(path.join(packageRoot, INSTALL_ERROR_FILE), 'utf8').trim();
+    return `the install-time source build failed (${why})`;
+  } catch {
+    return null;
   }
+}
+
+export function loadAddon(): { addon: NativeAddon } | { error: string } {
+  const override = process.env.CUSTODY_ADDON_PATH;
+  if (override === '') return { error: 'CUSTODY_ADDON_PATH is empty (addon disabled)' };
+  const require = createRequire(import.meta.url);
+  let file: string;
+  if (override) {
+    file = override;
+  } else {
+    try {
+      file = (require('node-gyp-build') as { path(dir: string): string }).path(packageRoot);
+    } catch {
+      return { error: notFound() };
+    }
+  }
+  let addon: NativeAddon;
+  try {
+    addon = require(file) as NativeAddon;
+  } catch (err) {
+    const from = override ? `CUSTODY_ADDON_PATH=${override}` : path.relative(packageRoot, file);
+    const error = `the native addon did not load from ${from}: ${firstLine(err)}`;
+    if (override) return { error };
+    const build = installFailure();
+    return { error: `${error}${build ? `, and ${build}` : ''}. ${FIX}` };
+  }
+  if (addon.unsupported) return { error: addon.unsupported };
+  return { addon };
 }

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# What ships, tested as it ships: `npm pack`, the tarball installed into an
-# empty folder with no compiler on PATH, then
-#   - the prebuild loads (native backend), from ESM and from CommonJS
-#   - with the addon removed, or forced off, the js backend runs and says why
+# What ships, tested as it ships: `npm pack` (its prepack builds the prebuilds
+# this machine can, and refuses without the host's), the tarball installed
+# into an empty folder with no compiler on PATH, then
+#   - the prebuild loads (native backend), from ESM and from CommonJS, on this
+#     Node and on the library's floor, Node 20.0.0
+#   - the arm64 prebuild loads in an arm64 Node (scripts/check-arm64.sh: under
+#     qemu-user on other machines; skipped with a note where qemu-user cannot
+#     run, unless CUSTODY_REQUIRE_ARM64=1)
+#   - with the addon removed, or forced off, the js backend runs and says why:
+#     what was looked for, what the install step did, and the fix
 #   - a broken prebuild: the install falls back to the js backend without a
 #     compiler, and builds from source with one
 #   - a simulated non-Linux platform installs and runs on the js backend
+#   - `npm install git+file://…` of this commit, without a compiler: require()
+#     and import both work (prepare built dist/ and dist/cjs/), on the js
+#     backend, saying the source build failed and why
 #   - the types resolve for TypeScript consumers (node16 ESM, node16 CJS, bundler)
 #     and attw finds no problem in the tarball
-# Ends with "packaging: N passed, N failed". Needs a compiler only to build the
-# host prebuild when prebuilds/ lacks it, and for the build-from-source case.
+# Ends with "packaging: N passed, N failed". Needs a compiler to build the host
+# prebuild when prebuilds/ lacks it, and for the build-from-source case.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -27,6 +36,8 @@ check() { # check NAME COMMAND... : runs COMMAND, counts and reports it
   if "$@" >"$work/last.log" 2>&1; then
     passed=$((passed + 1))
     echo "ok - $name ($((SECONDS - t0)) s)"
+    # The js backend's reason, as a user reads it.
+    sed -n 's/^consumer\.[cm]js: .* reason="\(.*\)"$/    reason: \1/p' "$work/last.log"
   else
     failed=$((failed + 1))
     echo "not ok - $name"
@@ -39,26 +50,24 @@ libc=$(node -p "process.report.getReport().header.glibcVersionRuntime ? 'glibc' 
 host="linux-$arch-$libc"
 hostdir="linux-$arch"
 
-# 1. The host prebuild (the release workflow puts all four in prebuilds/ first).
-# One missing, or older than the addon's sources (a stale one would not match
-# the JS it ships with), is built now.
-prebuild="prebuilds/$hostdir/custody.$libc.node"
-if [ ! -f "$prebuild" ] || [ -n "$(find native binding.gyp -newer "$prebuild" 2>/dev/null | head -1)" ]; then
-  npm run --silent prebuilds -- "$host"
-fi
-node scripts/check-prebuilds.mjs "--require=$host"
-
-# 2. Pack.
+# 1-2. Pack. prepack builds every prebuild this machine can that is missing
+# or older than native/ (the release workflow puts all four in prebuilds/
+# first), and refuses to pack without the host's.
 npm pack --pack-destination "$work" >"$work/pack.log" 2>&1 || { cat "$work/pack.log"; exit 1; }
+grep '^prepack:' "$work/pack.log" || true
+node scripts/check-prebuilds.mjs "--require=$host" --fresh
 tgz=$(ls "$work"/custody-*.tgz)
 echo "tarball: $(basename "$tgz") $(stat -c %s "$tgz") bytes, $(tar tzf "$tgz" | wc -l) files"
 
 tarball_contents() {
-  local list
+  local list f
   list=$(tar tzf "$tgz")
-  grep -qx "package/prebuilds/$hostdir/custody.$libc.node" <<<"$list" || return 1
+  grep -qx "package/prebuilds/$hostdir/custody.$libc.node" <<<"$list" || { echo "no host prebuild"; return 1; }
+  for f in prebuilds/*/*.node; do
+    grep -qx "package/$f" <<<"$list" || { echo "$f is in prebuilds/ but not in the tarball"; return 1; }
+  done
   for f in dist/index.js dist/index.d.ts dist/cjs/index.js dist/cjs/index.d.ts dist/cjs/package.json \
-    binding.gyp native/addon.cc scripts/install.cjs; do
+    binding.gyp native/addon.cc scripts/install.cjs README.md LICENSE CHANGELOG.md; do
     grep -qx "package/$f" <<<"$list" || { echo "missing $f"; return 1; }
   done
   if grep -E '\.map$|^package/(src|test|bench|examples|\.github|\.ci)/|CMakeLists' <<<"$list"; then
@@ -97,18 +106,42 @@ install_nocc() {
 }
 check "npm install of the tarball with no compiler on PATH (keeps the prebuild, builds nothing)" install_nocc
 
-run_app() { (cd "$app" && PATH="$nocc" "$@"); }
+run_in() { (cd "$1" && shift && PATH="$nocc" "$@"); } # run_in DIR COMMAND...: as a consumer there
+run_app() { run_in "$app" "$@"; }
 check "ESM consumer: import loads the prebuild (native)" run_app env EXPECT_BACKEND=native node consumer.mjs
 check "CommonJS consumer: require() loads the prebuild (native), inspect() synchronous" run_app env EXPECT_BACKEND=native node consumer.cjs
 check "CUSTODY_BACKEND=js: js backend, says it was forced" \
   run_app env CUSTODY_BACKEND=js EXPECT_BACKEND=js EXPECT_REASON='CUSTODY_BACKEND=js' node consumer.mjs
 
+# The library's floor is Node 20.0.0 (engines); the development floor is higher (devEngines).
+floor_node() {
+  local node20
+  node20=$(bash "$root/scripts/fetch-node.sh" "$arch" 20.0.0) || return 1
+  [ "$("$node20" --version)" = v20.0.0 ] || return 1
+  run_app env EXPECT_BACKEND=native "$node20" consumer.mjs && run_app env EXPECT_BACKEND=native "$node20" consumer.cjs
+}
+if [ "$libc" = glibc ]; then
+  check "Node 20.0.0 (the engines floor): ESM and CommonJS consumers load the prebuild (native)" floor_node
+else
+  echo "skip - Node 20.0.0: the npm registry's node-linux-* binaries are glibc builds"
+fi
+
+# The arm64 prebuild, loaded from the installed package by an arm64 Node.
+if [ -f "$pkg/prebuilds/linux-arm64/custody.glibc.node" ]; then
+  check "linux-arm64-glibc prebuild: loads and works in an arm64 Node" bash "$root/scripts/check-arm64.sh" "$pkg"
+  grep -h '^check-arm64: \(passed\|skipped\)' "$work/last.log" | sed 's/^/    /' || true
+else
+  echo "skip - the tarball has no linux-arm64 glibc prebuild (no cross compiler here)"
+fi
+
 # 5. The addon removed: js backend, and why.
 mv "$pkg/prebuilds" "$work/prebuilds.kept"
-check "addon removed, ESM: js backend, reason names the missing build" \
-  run_app env EXPECT_BACKEND=js EXPECT_REASON='did not load: No native build was found' node consumer.mjs
-check "addon removed, CommonJS: js backend, reason names the missing build" \
-  run_app env EXPECT_BACKEND=js EXPECT_REASON='did not load: No native build was found' node consumer.cjs
+# What was looked for, what the install did (nothing: the prebuild loaded then), the fix.
+missing="^no native addon for $host \\(node [0-9.]+, abi [0-9]+, napi [0-9]+\\): no prebuild for it in prebuilds/ \\(the package has none\\), and no source build in build/Release .*Fix: .*npm rebuild custody"
+check "addon removed, ESM: js backend; reason names the target, the missing builds and the fix" \
+  run_app env EXPECT_BACKEND=js EXPECT_REASON="$missing" node consumer.mjs
+check "addon removed, CommonJS: js backend; reason names the target, the missing builds and the fix" \
+  run_app env EXPECT_BACKEND=js EXPECT_REASON="$missing" node consumer.cjs
 mv "$work/prebuilds.kept" "$pkg/prebuilds"
 
 # 6. A broken prebuild (not an ELF file): the install step falls back.
@@ -122,8 +155,10 @@ broken_nocc() {
   [ ! -e "$pkg/build/Release/custody.node" ]
 }
 check "broken prebuild, no compiler: install succeeds and warns" broken_nocc
-check "broken prebuild, no compiler: js backend, reason names the load error" \
-  run_app env EXPECT_BACKEND=js EXPECT_REASON='did not load: (?!No native build)' node consumer.mjs
+check "broken prebuild, no compiler: js backend; reason names the file, its load error, the failed build, the fix" \
+  run_app env EXPECT_BACKEND=js \
+  EXPECT_REASON="^the native addon did not load from prebuilds/$hostdir/custody.$libc.node: .*, and the install-time source build failed \\(.*not found on PATH: .*make.*\\)\\. Fix: " \
+  node consumer.mjs
 broken_cc() {
   (cd "$app" && npm rebuild custody --foreground-scripts) 2>&1 | tee "$work/rebuild-cc.log"
   grep -q 'building from source' "$work/rebuild-cc.log" || return 1
@@ -146,7 +181,31 @@ check "simulated darwin, ESM: imports and runs on the js backend" \
 check "simulated darwin, CommonJS: requires and runs on the js backend" \
   run_app env EXPECT_BACKEND=js EXPECT_REASON='darwin' node --import "$darwin" consumer.cjs
 
-# 8. Types, as a TypeScript consumer sees them (skipLibCheck off: the shipped .d.ts are checked too).
+# 8. A git install of this commit, no compiler: npm clones it, installs its
+# devDependencies and runs prepare there (dist/, dist/cjs/), packs it and
+# installs that. prebuilds/ is not in git, so the addon cannot be had: the js
+# backend runs and says why.
+gitapp="$work/gitapp"
+git_install() {
+  mkdir -p "$gitapp"
+  echo '{ "name": "git-consumer", "private": true, "type": "module" }' >"$gitapp/package.json"
+  cp test/packaging/consumer.mjs test/packaging/consumer.cjs "$gitapp/"
+  (cd "$gitapp" && PATH="$nocc" npm install --no-audit --no-fund --prefer-offline --foreground-scripts \
+    "git+file://$root#$head")
+  [ -f "$gitapp/node_modules/custody/dist/cjs/index.js" ] || { echo "dist/cjs not built"; return 1; }
+}
+if head=$(git -C "$root" rev-parse HEAD 2>/dev/null); then
+  check "npm install git+file://… of this commit, no compiler on PATH" git_install
+  from_git="^no native addon for $host .*the install-time source build failed \\(.*not found on PATH: .*\\)\\. Fix: "
+  check "git install, CommonJS: require('custody') works (js backend, says why)" \
+    run_in "$gitapp" env EXPECT_BACKEND=js EXPECT_REASON="$from_git" node consumer.cjs
+  check "git install, ESM: import works (js backend, says why)" \
+    run_in "$gitapp" env EXPECT_BACKEND=js EXPECT_REASON="$from_git" node consumer.mjs
+else
+  echo "skip - git install: no git here, or git will not read this checkout (another owner)"
+fi
+
+# 9. Types, as a TypeScript consumer sees them (skipLibCheck off: the shipped .d.ts are checked too).
 tsc="$root/node_modules/typescript/bin/tsc"
 typeroots="$root/node_modules/@types"
 cat >"$work/consumer.ts" <<'EOF'

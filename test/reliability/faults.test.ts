@@ -41,9 +41,11 @@ function fill(dir: string): void {
 
 const perlArgs = (t: string) => ['-e', 'sleep 300', t, MARKER];
 const canMount = isRoot();
+const MOUNT_NOTE = 'needs root: mounts a tiny tmpfs';
 
 describe(`state faults (${backend.name})`, () => {
-  it.skipIf(!canMount)('ENOSPC before spawn: ERR_CUSTODY_STATE_IO, nothing spawned, no temp file left', async () => {
+  it('ENOSPC before spawn: ERR_CUSTODY_STATE_IO, nothing spawned, no temp file left', async (ctx) => {
+    ctx.skip(!canMount, MOUNT_NOTE);
     const fs = tinyFs();
     const { supervisor } = await Supervisor.open({ stateDir: join(fs, 'state'), onEvent: () => {} });
     cleanups.push(() => supervisor.close());
@@ -57,7 +59,8 @@ describe(`state faults (${backend.name})`, () => {
     expect(supervisor.list()).toEqual([]);
   });
 
-  it.skipIf(!canMount)('ENOSPC when recording the identity: the confirmed process is abandoned, not left unowned', async () => {
+  it('ENOSPC when recording the identity: the confirmed process is abandoned, not left unowned', async (ctx) => {
+    ctx.skip(!canMount, MOUNT_NOTE);
     const fs = tinyFs();
     let filled = false;
     const { supervisor } = await Supervisor.open({
@@ -80,7 +83,8 @@ describe(`state faults (${backend.name})`, () => {
     expect(existsSync(join(fs, 'state', 'late'))).toBe(false);
   });
 
-  it.skipIf(!canMount)('a read-only state dir: a clear error at open; at launch, nothing spawned', async () => {
+  it('a read-only state dir: a clear error at open; at launch, nothing spawned', async (ctx) => {
+    ctx.skip(!canMount, MOUNT_NOTE);
     const fs = tinyFs();
     const stateDir = join(fs, 'state');
     mkdirSync(stateDir, { mode: 0o700 });

@@ -343,7 +343,9 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
   while (start < r.cmdline.size()) {
     size_t nul = r.cmdline.find('\0', start);
     if (nul == std::string::npos) nul = r.cmdline.size();
-    out.Set(i++, DecodeBytes(env, r.cmdline.data() + start, nul - start));
+    // As a napi_value: Set() would otherwise take the implicit std::string
+    // conversion, re-encoding escaped bytes to U+FFFD.
+    out.Set(i++, static_cast<napi_value>(DecodeBytes(env, r.cmdline.data() + start, nul - start)));
     start = nul + 1;
   }
   if (keep_pidfd) {
@@ -477,7 +479,7 @@ class ScanWorker : public Napi::AsyncWorker {
       while (start < r.cmdline.size()) {
         size_t nul = r.cmdline.find('\0', start);
         if (nul == std::string::npos) nul = r.cmdline.size();
-        out.Set(i++, DecodeBytes(env, r.cmdline.data() + start, nul - start));
+        out.Set(i++, static_cast<napi_value>(DecodeBytes(env, r.cmdline.data() + start, nul - start)));
         argc++;
         start = nul + 1;
       }

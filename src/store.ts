@@ -30,6 +30,7 @@ import { promisify } from 'node:util';
 import { backend } from './backend/index.js';
 import { BadManifestError, CustodyError, InvalidArgError, StateLockedError } from './errors.js';
 import type { ProcessIdentity } from './types.js';
+import { pidMax } from './validate.js';
 
 export const MANIFEST_VERSION = 1;
 const MANIFEST = 'manifest.json';
@@ -79,12 +80,13 @@ const isInt = (v: unknown, min: number) => typeof v === 'number' && Number.isSaf
 /** Validates a decoded identity; returns a reason when it is malformed. Missing bootId/startTicks are allowed (verify says unrecorded). */
 function identityProblem(v: unknown): string | null {
   if (!isObj(v)) return 'identity is not an object';
-  if (!isInt(v.pid, 1)) return 'identity.pid is not a positive integer';
+  if (!isInt(v.pid, 1) || (v.pid as number) > pidMax()) return `identity.pid is not an integer from 1 to ${pidMax()}`;
   if (v.bootId !== undefined && v.bootId !== null && typeof v.bootId !== 'string') return 'identity.bootId is not a string';
   if (v.startTicks !== undefined && v.startTicks !== null && !isInt(v.startTicks, 0)) return 'identity.startTicks is not a non-negative integer';
   if (v.exe !== null && v.exe !== undefined && !(isObj(v.exe) && isInt(v.exe.dev, 0) && isInt(v.exe.ino, 0))) return 'identity.exe is malformed';
   if (v.pidfsId !== null && v.pidfsId !== undefined && !(typeof v.pidfsId === 'string' && /^\d{1,20}$/.test(v.pidfsId))) return 'identity.pidfsId is malformed';
   if (!isStrArr(v.argv)) return 'identity.argv is not a list of strings';
+  if (v.pidNs !== undefined && v.pidNs !== null && !isInt(v.pidNs, 0)) return 'identity.pidNs is malformed';
   return null;
 }
 

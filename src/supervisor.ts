@@ -27,6 +27,7 @@ import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateTree } from './tree.js';
 import { backend } from './backend/index.js';
+import { assertOwnProc } from './backend/procview.js';
 import { displayArg } from './bytes.js';
 import type { ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
@@ -143,6 +144,8 @@ export class Supervisor {
       if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
       for (const p of sw.patterns) validateSweep(p);
     }
+    // A /proc of another pid namespace would make every proof below about other processes.
+    if (backend.capabilities().proc) assertOwnProc();
     const store = new StateStore(options.stateDir);
     store.lock();
     const sup = new Supervisor(options, store);

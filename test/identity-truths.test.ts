@@ -23,7 +23,6 @@ expectNoLeaks();
 
 const SOAK = process.env.CUSTODY_SOAK === '1';
 const isRoot = process.getuid?.() === 0;
-const dist = join(packageRoot, 'dist', 'index.js');
 // The addon's own decoding, loaded directly, so the js backend's can be compared with it.
 const addon = createRequire(import.meta.url)('node-gyp-build')(packageRoot) as { decodeBytes(b: Buffer): string };
 
@@ -242,7 +241,7 @@ describe(`threads (${backend.name})`, () => {
         try {
           await waitFor(() => readdirSync(`/proc/${other.pid}/task`).length > 1, 5000, 'the worker thread');
           const tid = Number(readdirSync(`/proc/${other.pid}/task`).find((t) => t !== String(other.pid)));
-          await expect(supervisor.launch({ id: 'tid', command: '/bin/sh', args: (t) => ['-c', 'sleep 5', t], pid: () => tid })).rejects.toMatchObject({
+          await expect(supervisor.launch({ id: 'tid', command: PERL, args: (t) => ['-e', 'sleep 5', '--', t], pid: () => tid })).rejects.toMatchObject({
             code: 'ERR_CUSTODY_NOT_A_PROCESS',
           });
         } finally {
@@ -393,7 +392,10 @@ describe(`exhaustion is an error, not an answer (${backend.name})`, () => {
           expect(r.report!.adopted).toEqual([expect.objectContaining({ id: 'vm' })]);
         }
       }
-      expect(deferred).toBeGreaterThan(0);
+      // The addon holds a pidfd, a /proc dir fd and a file at once, so some
+      // count of free fds defers; the js backend reads one file at a time and
+      // either cannot open the state dir or has enough (never a wrong answer).
+      if (backend.name === 'native') expect(deferred).toBeGreaterThan(0);
       const { supervisor } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
       await supervisor.stop('vm', { graceMs: 2000 });
       await supervisor.close();

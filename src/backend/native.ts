@@ -261,9 +261,12 @@ export class NativeBackend implements Backend {
     try {
       return this.#addon.inspect(pid, procRoot, keepPidfd);
     } catch (err) {
-      // pidfd_open refuses a thread that is not a thread-group leader.
-      if ((err as NodeJS.ErrnoException).code === 'EINVAL' && (err as NodeJS.ErrnoException).syscall === 'pidfd_open') {
-        throw new NotAProcessError(pid, tgidOf(pid, procRoot));
+      // pidfd_open refuses a thread that is not a thread-group leader:
+      // EINVAL before Linux 6.9, ENOENT since (PIDFD_THREAD can name threads).
+      const { code, syscall } = err as NodeJS.ErrnoException;
+      if ((code === 'EINVAL' || code === 'ENOENT') && syscall === 'pidfd_open') {
+        const tgid = tgidOf(pid, procRoot);
+        if (tgid !== null && tgid !== pid) throw new NotAProcessError(pid, tgid);
       }
       throw err;
     }

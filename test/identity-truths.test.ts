@@ -223,10 +223,8 @@ describe(`threads (${backend.name})`, () => {
   it('is launched, watched, recovered and stopped as alive; a pid function returning a TID is refused', async () => {
     const ctx = await openSupervisor();
     try {
-      const inst = await ctx.supervisor.launch({ id: 'mt', command: leaderExit, args: [], token: 'env', confirmTimeoutMs: 500 } as never).catch(
-        // Fixed-argv programs need token: 'env'; where that is not supported yet, carry the token in argv0 instead.
-        () => ctx.supervisor.launch({ id: 'mt', command: leaderExit, args: (t) => [t], confirmTimeoutMs: 500 }),
-      );
+      // The token rides as an extra argument, which the program ignores.
+      const inst = await ctx.supervisor.launch({ id: 'mt', command: leaderExit, args: (t) => [t], confirmTimeoutMs: 500 });
       await waitFor(() => leaderIsZombie(inst.pid), 5000, 'the leader to exit');
       // Longer than the js exit poller's period: it must not take the zombie leader for an exit.
       await new Promise((r) => setTimeout(r, 300));
@@ -251,7 +249,7 @@ describe(`threads (${backend.name})`, () => {
         await supervisor.close();
       }
     } finally {
-      ctx.dir?.cleanup?.();
+      await ctx.dispose();
     }
   });
 });
@@ -336,7 +334,7 @@ describe(`numbers (${backend.name})`, () => {
         await waitFor(() => procStat(inst.pid) === null, 5000, 'the instance to go');
       }
     } finally {
-      ctx.dir?.cleanup?.();
+      await ctx.dispose();
     }
   });
 });
@@ -400,7 +398,7 @@ describe(`exhaustion is an error, not an answer (${backend.name})`, () => {
       await supervisor.stop('vm', { graceMs: 2000 });
       await supervisor.close();
     } finally {
-      ctx.dir?.cleanup?.();
+      await ctx.dispose();
     }
   }, 60_000);
 });
@@ -419,7 +417,7 @@ describe(`the parent is read live (${backend.name})`, () => {
         pid: { file: pidFile },
         launcherExits: false,
         executable: PERL,
-      } as never);
+      });
       const recordedParent = inst.identity.ppid;
       await waitFor(() => procStat(recordedParent) === null || procStat(recordedParent)?.[0] === 'Z', 5000, 'the launcher to exit');
       const live = await waitFor(() => {

@@ -298,8 +298,7 @@ async function runFor(cycle, concurrency, ms) {
 
 /** What one launch/stop cycle writes, through the state store alone. */
 async function timeStore(StateStore, manifest, dir, ops) {
-  const store = new StateStore(dir);
-  store.ensureDir();
+  const store = StateStore.open(dir, { emit: () => {} });
   const writeNew = [];
   const overwrite = [];
   const remove = [];
@@ -319,6 +318,7 @@ async function timeStore(StateStore, manifest, dir, ops) {
     remove.push((t3 - t2) * 1000);
     cycle.push((t3 - t0) * 1000);
   }
+  store.close();
   return { writeNewUs: median(writeNew), overwriteUs: median(overwrite), removeUs: median(remove), cycleUs: median(cycle) };
 }
 

@@ -6,10 +6,9 @@
  * on error, 2 on a usage error. Commands that change a state dir take its
  * lock first, so they refuse a dir a running supervisor holds and name it.
  */
-import { readdirSync } from 'node:fs';
 import { inspect, Supervisor, sweep, verify } from './index.js';
 import { CustodyError } from './errors.js';
-import { StateStore } from './store.js';
+import { readStateDir } from './store.js';
 
 const USAGE = `usage: custody <command> [options]
   ls                 instances in the state dir, with what their processes verify as (read-only)
@@ -115,12 +114,10 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'ls': {
       if (rest.length) throw new UsageError('ls takes no arguments');
-      const store = new StateStore(needStateDir(stateDir));
       const rows: Array<Record<string, unknown>> = [];
-      const names = store.exists() ? readdirSync(store.dir).filter((n) => !n.startsWith('.')).sort() : [];
-      for (const name of names) {
-        try {
-          const m = store.read(name);
+      for (const entry of readStateDir(needStateDir(stateDir)).entries) {
+        if (entry.manifest) {
+          const m = entry.manifest;
           const v = m.identity ? verify(m.identity) : null;
           rows.push({
             id: m.id,
@@ -130,8 +127,8 @@ async function main(argv: string[]): Promise<number> {
             reason: m.quarantine ? `${m.quarantine.reason}${m.quarantine.field ? `:${m.quarantine.field}` : ''}` : null,
             command: m.command,
           });
-        } catch (err) {
-          rows.push({ id: name, state: 'bad-manifest', pid: null, verdict: null, reason: (err as Error).message, command: null });
+        } else {
+          rows.push({ id: entry.name, state: 'bad-manifest', pid: null, verdict: null, reason: entry.error.message, command: null });
         }
       }
       out(rows, () => table(rows, ['id', 'state', 'pid', 'verdict', 'reason', 'command']));
@@ -164,17 +161,8 @@ async function main(argv: string[]): Promise<number> {
       }
       const exclude: number[] = [];
       if (stateDir) {
-        const store = new StateStore(stateDir);
-        if (store.exists()) {
-          for (const name of store.ids()) {
-            try {
-              const pid = store.read(name).identity?.pid;
-              if (pid) exclude.push(pid);
-            } catch {
-              // a bad manifest names nothing to spare
-            }
-          }
-        }
+        // A bad manifest names nothing to spare.
+        for (const entry of readStateDir(stateDir).entries) if (entry.manifest?.identity) exclude.push(entry.manifest.identity.pid);
       }
       const r = await sweep({
         argv: parsed.tail,

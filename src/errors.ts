@@ -24,7 +24,10 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_NOT_A_PROCESS'
   | 'ERR_CUSTODY_DEFERRED'
   | 'ERR_CUSTODY_BAD_PIDFILE'
-  | 'ERR_CUSTODY_BAD_LOG';
+  | 'ERR_CUSTODY_BAD_LOG'
+  | 'ERR_CUSTODY_NOT_CUSTODY_DIR'
+  | 'ERR_CUSTODY_NO_STATE_DIR'
+  | 'ERR_CUSTODY_UNSAFE_PATH';
 
 export class CustodyError extends Error {
   readonly code: CustodyErrorCode;
@@ -121,10 +124,48 @@ export class QuarantinedError extends CustodyError {
 export class StateLockedError extends CustodyError {
   readonly holderPid: number | null;
   readonly stateDir: string;
-  constructor(stateDir: string, holderPid: number | null) {
-    super('ERR_CUSTODY_STATE_LOCKED', `state dir ${stateDir} is locked by ${holderPid ? `pid ${holderPid}` : 'another supervisor'}`);
+  constructor(stateDir: string, holderPid: number | null, detail?: string) {
+    const holder = holderPid ? `pid ${holderPid}` : 'another supervisor';
+    super('ERR_CUSTODY_STATE_LOCKED', `state dir ${stateDir} is locked by ${holder}${detail ? ` (${detail})` : ''}`);
     this.holderPid = holderPid;
     this.stateDir = stateDir;
+  }
+}
+
+/** The state dir could not be read or written (ENOSPC, EIO, EROFS, EMFILE...): `cause` is the errno error. */
+export class StateIOError extends CustodyError {
+  constructor(message: string, cause: unknown) {
+    super('ERR_CUSTODY_STATE_IO', `${message}: ${(cause as Error)?.message ?? cause}`, { cause });
+  }
+}
+
+/** An existing dir custody did not make (no `.custody` stamp, not a 0.1 state dir): never written to. */
+export class NotCustodyDirError extends CustodyError {
+  readonly stateDir: string;
+  constructor(stateDir: string, why: string) {
+    super('ERR_CUSTODY_NOT_CUSTODY_DIR', `${stateDir} is not a custody state dir: ${why}; refusing to use it`);
+    this.stateDir = stateDir;
+  }
+}
+
+/** A read-only look at a state dir that does not exist (nothing is created for it). */
+export class NoStateDirError extends CustodyError {
+  readonly stateDir: string;
+  constructor(stateDir: string) {
+    super('ERR_CUSTODY_NO_STATE_DIR', `state dir ${stateDir} does not exist`);
+    this.stateDir = stateDir;
+  }
+}
+
+/**
+ * A path another uid could change under custody, or one that is never a
+ * state dir (/, $HOME, /etc). `path` is the offending component.
+ */
+export class UnsafePathError extends CustodyError {
+  readonly path: string;
+  constructor(path: string, why: string) {
+    super('ERR_CUSTODY_UNSAFE_PATH', `${path} ${why}`);
+    this.path = path;
   }
 }
 

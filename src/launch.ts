@@ -7,7 +7,7 @@
  * launcher's fork), and a failed attempt is killed, reaped and its declared
  * paths removed before anything else happens.
  */
-import { closeSync, unlinkSync } from 'node:fs';
+import { closeSync } from 'node:fs';
 import { connect } from 'node:net';
 import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
@@ -18,6 +18,7 @@ import { ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';
 import { toIdentity } from './identity.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js';
+import { removeDeclaredPaths } from './paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import { UNKNOWN_EXIT } from './signals.js';
 import { terminate } from './terminate.js';
@@ -478,16 +479,6 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
     // Our child is reaped by its watcher; wait for that so no zombie outlives abandon.
     await child.exited;
   }
-  removePaths(a.paths);
+  removeDeclaredPaths(a.paths, emit, a.id);
   return ended;
-}
-
-export function removePaths(paths: readonly string[]): void {
-  for (const p of paths) {
-    try {
-      unlinkSync(p);
-    } catch {
-      // not there: nothing stale to remove
-    }
-  }
 }

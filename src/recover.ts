@@ -9,9 +9,10 @@ import { backend, capabilities } from './backend/index.js';
 import { BadManifestError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
-import { carries, removePaths, tokenCarriers } from './launch.js';
+import { carries, tokenCarriers } from './launch.js';
+import { removeDeclaredPaths } from './paths.js';
 import { terminate } from './terminate.js';
-import { IncompleteInstanceError, type Manifest } from './store.js';
+import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest } from './store.js';
 import type { Supervisor } from './supervisor.js';
 import type { ProcessIdentity } from './types.js';
 
@@ -64,8 +65,7 @@ function exeMatches(m: Manifest, live: ProcessIdentity): boolean {
 
 export async function recover(sup: Supervisor): Promise<RecoveryReport> {
   const report: RecoveryReport = { adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] };
-  // A read error other than ENOENT propagates: open() fails and the next open retries.
-  if (!sup.store.exists()) return report;
+  // A read error propagates: open() fails and the next open retries.
   const ids = sup.store.ids();
   const provable = capabilities().proc;
   const emit = sup.emit;
@@ -88,7 +88,7 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
   };
 
   const clean = async (m: Manifest, reason: string, pid?: number) => {
-    removePaths(m.paths);
+    removeDeclaredPaths(m.paths, emit, m.id);
     await sup.store.remove(m.id);
     const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
     report.cleaned.push(entry);
@@ -119,7 +119,8 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
     } catch (err) {
       if (err instanceof IncompleteInstanceError) {
         // Never launched: only temp files, which must not be read as valid.
-        await sup.store.remove(id);
+        // Nothing of custody's there (files a user left): nothing to report.
+        if (!(await sup.store.remove(id)).removed) return;
         report.cleaned.push({ id, reason: 'incomplete' });
         emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
         return;
@@ -200,6 +201,10 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
           l.handle.close();
           await quarantine(id, m, problem.reason, problem.field);
           break;
+        }
+        // Proven: an older format is rewritten in the current one.
+        if (m.version !== MANIFEST_VERSION) {
+          await sup.store.write(m).catch((err: unknown) => emit('warning', { id, message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}` }));
         }
         sup.track(m, l.handle);
         report.adopted.push({ id, pid: recorded.pid });

@@ -1,41 +1,27 @@
 /**
- * The state store: <stateDir>/<id>/manifest.json, one per instance.
+ * Manifests: <stateDir>/<id>/manifest.json, one per instance, reached only
+ * through the state dir held open (statedir.ts), never through a symlink.
  *
  * Writes are atomic (temp file, fsync, rename, fsync of the dir), dirs are
- * 0700 and files 0600, and nothing is opened through a symlink. The dir is
- * held by one supervisor at a time (<stateDir>/.lock): flock on the native
- * backend, and on both backends the holder's pid and start time in the file,
- * so a js holder and a native holder exclude each other too.
+ * 0700 and files 0600. Files custody did not write never make a removal
+ * fail: custody removes its own (the manifest, its temp files) and names
+ * the rest in a warning event.
  */
-import {
-  closeSync,
-  constants as fsc,
-  fsync,
-  fsyncSync,
-  fstatSync,
-  ftruncateSync,
-  lstatSync,
-  mkdirSync,
-  openSync,
-  readdirSync,
-  readSync,
-  realpathSync,
-  renameSync,
-  rmdirSync,
-  unlinkSync,
-  writeSync,
-} from 'node:fs';
-import { join } from 'node:path';
+import { closeSync, constants as fsc, fsync, lstatSync, mkdirSync, openSync, readdirSync, renameSync, rmdirSync, unlinkSync, writeSync } from 'node:fs';
 import { promisify } from 'node:util';
-import { backend } from './backend/index.js';
-import { BadManifestError, CustodyError, InvalidArgError, StateLockedError } from './errors.js';
+import { BadManifestError, CustodyError, InvalidArgError, StateIOError, UnsafePathError } from './errors.js';
+import type { Emit } from './events.js';
+import { StateLock } from './lock.js';
+import { errnoCode, fileKind, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDir } from './statedir.js';
 import type { ProcessIdentity } from './types.js';
 import { pidMax } from './validate.js';
 
-export const MANIFEST_VERSION = 1;
+/** 2 adds `identity.pidNs`; version 1 (custody 0.1) is read as it is and rewritten as 2 once recovery proves it. */
+export const MANIFEST_VERSION = 2;
 const MANIFEST = 'manifest.json';
-const LOCK = '.lock';
 const MAX_MANIFEST_BYTES = 1 << 20;
+/** Temp files of a write: .manifest.<pid>.<n>.tmp (0.1 named them so too). */
+const isTempName = (name: string) => name.startsWith('.manifest.') && name.endsWith('.tmp');
 
 export type ManifestState = 'starting' | 'running' | 'quarantined';
 
@@ -65,12 +51,27 @@ export interface Manifest {
   quarantine: { reason: string; field?: string; at: string } | null;
 }
 
-const ID_RE = /^[A-Za-z0-9._-]{1,128}$/;
+/** No leading dot: a dot-name is hidden from ls and could be `.` or `..`. */
+const ID_RE = /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/;
+const ID_RULE = '1-128 characters of [A-Za-z0-9._-], not starting with a dot';
+
+export function isValidId(id: unknown): id is string {
+  return typeof id === 'string' && ID_RE.test(id);
+}
 
 export function assertId(id: unknown): asserts id is string {
-  if (typeof id !== 'string' || !ID_RE.test(id) || id === '.' || id === '..') {
-    throw new InvalidArgError(`id must be 1-128 characters of [A-Za-z0-9._-], not "." or "..", got ${JSON.stringify(String(id)).slice(0, 80)}`);
-  }
+  if (!isValidId(id)) throw new InvalidArgError(`id must be ${ID_RULE}, got ${JSON.stringify(String(id)).slice(0, 80)}`);
+}
+
+/**
+ * What release() accepts: any name an entry of a state dir can have (a
+ * quarantined `bad id` or `.vm` included), but never one that reaches
+ * outside it.
+ */
+export function assertEntryName(name: unknown): asserts name is string {
+  const ok =
+    typeof name === 'string' && name !== '' && name !== '.' && name !== '..' && !name.includes('/') && !name.includes('\0') && Buffer.byteLength(name) <= 255;
+  if (!ok) throw new InvalidArgError(`not a name in a state dir (no "/", NUL, "." or ".."; at most 255 bytes): ${JSON.stringify(String(name)).slice(0, 80)}`);
 }
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -90,7 +91,7 @@ function identityProblem(v: unknown): string | null {
   return null;
 }
 
-/** Decodes manifest text; throws BadManifestError naming what is wrong. Never trusts a field it has not checked. */
+/** Decodes manifest text (version 1 or 2); throws BadManifestError naming what is wrong. Never trusts a field it has not checked. */
 export function decodeManifest(text: string, path: string, expectedId?: string): Manifest {
   let v: unknown;
   try {
@@ -99,9 +100,9 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     throw new BadManifestError(path, 'not valid JSON', { cause: err });
   }
   if (!isObj(v)) throw new BadManifestError(path, 'not a JSON object');
-  if (v.version !== MANIFEST_VERSION) throw new BadManifestError(path, `unknown schema version ${JSON.stringify(v.version)}`);
+  if (v.version !== 1 && v.version !== MANIFEST_VERSION) throw new BadManifestError(path, `unknown schema version ${JSON.stringify(v.version)}`);
   const bad = (why: string) => new BadManifestError(path, why);
-  if (typeof v.id !== 'string' || !ID_RE.test(v.id) || v.id === '.' || v.id === '..') throw bad('id is malformed');
+  if (!isValidId(v.id)) throw bad('id is malformed');
   if (expectedId !== undefined && v.id !== expectedId) throw bad(`id ${JSON.stringify(v.id)} does not match its directory ${JSON.stringify(expectedId)}`);
   if (typeof v.token !== 'string' || !/^[0-9a-f]{32}$/.test(v.token)) throw bad('token is not 32 hex digits');
   if (v.state !== 'starting' && v.state !== 'running' && v.state !== 'quarantined') throw bad(`unknown state ${JSON.stringify(v.state)}`);
@@ -124,10 +125,6 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   return v as unknown as Manifest;
 }
 
-function errnoCode(err: unknown): string | undefined {
-  return (err as NodeJS.ErrnoException)?.code;
-}
-
 /**
  * An instance dir without a manifest: a crash between creating the dir (or
  * writing the temp file) and the rename. Nothing is spawned before the
@@ -139,284 +136,332 @@ export class IncompleteInstanceError extends BadManifestError {
   }
 }
 
-export class StateIOError extends CustodyError {
-  constructor(message: string, cause: unknown) {
-    super('ERR_CUSTODY_STATE_IO', `${message}: ${(cause as Error)?.message ?? cause}`, { cause });
+const O_DIR = fsc.O_RDONLY | fsc.O_DIRECTORY | fsc.O_NOFOLLOW;
+
+/** Reads and decodes one entry's manifest; a bad name, a symlinked dir or file, or a bad document throws BadManifestError. */
+function readManifest(sd: StateDir, name: string): Manifest {
+  const path = sd.show(name, MANIFEST);
+  if (!isValidId(name)) throw new BadManifestError(path, `${JSON.stringify(name)} is not an instance id (${ID_RULE})`);
+  let dfd: number;
+  try {
+    dfd = openSync(sd.at(name), O_DIR);
+  } catch (err) {
+    const code = errnoCode(err);
+    if (code === 'ENOTDIR' || code === 'ELOOP') throw new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: err });
+    throw new BadManifestError(path, `instance dir unreadable (${code})`, { cause: err });
   }
+  try {
+    let r: ReturnType<typeof readPlainFile>;
+    try {
+      r = readPlainFile(`${pathOf(dfd, sd.at(name))}/${MANIFEST}`, MAX_MANIFEST_BYTES);
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') throw new IncompleteInstanceError(path);
+      throw new BadManifestError(path, `unreadable (${errnoCode(err)})`, { cause: err });
+    }
+    if ('problem' in r) throw new BadManifestError(path, r.problem === 'a symlink' ? 'manifest is a symlink' : `manifest is ${r.problem}`);
+    return decodeManifest(r.data.toString('utf8'), path, name);
+  } finally {
+    closeSync(dfd);
+  }
+}
+
+/** The entries of a state dir that may be instances (dirs and symlinks), and the files custody did not write. */
+function scan(sd: StateDir): { names: string[]; foreign: Array<{ name: string; kind: string }> } {
+  const names: string[] = [];
+  const foreign: Array<{ name: string; kind: string }> = [];
+  for (const name of sd.names()) {
+    if (isReservedName(name)) continue;
+    let st;
+    try {
+      st = lstatSync(sd.at(name));
+    } catch {
+      continue;
+    }
+    if (st.isDirectory() || st.isSymbolicLink()) names.push(name);
+    else foreign.push({ name, kind: fileKind(st) });
+  }
+  return { names, foreign };
 }
 
 let tmpCounter = 0;
 
-/** State dirs locked by this process: flock and the holder record both see one process as one holder. */
-const lockedHere = new Set<string>();
+export interface StateStoreOptions {
+  /** Where warnings go: files custody left because it did not write them. */
+  emit: Emit;
+  /** Create the state dir when missing (default true); false: ERR_CUSTODY_NO_STATE_DIR and nothing created. */
+  create?: boolean;
+}
 
 export class StateStore {
+  /** The state dir's path, made absolute. */
   readonly dir: string;
-  #lockFd: number | null = null;
-  #lockKey: string | null = null;
+  /** The format the dir had before this open stamped it (1: custody 0.1's; null: it was new). */
+  readonly upgradedFrom: number | null;
+  #sd: StateDir;
+  #lock: StateLock;
+  #emit: Emit;
+  #closed = false;
 
-  constructor(dir: string) {
-    if (typeof dir !== 'string' || dir === '' || dir.includes('\0')) throw new InvalidArgError('stateDir must be a non-empty path');
-    this.dir = dir;
-  }
-
-  /** Whether the state dir exists (recovery has nothing to do when it does not). */
-  exists(): boolean {
-    try {
-      lstatSync(this.dir);
-      return true;
-    } catch (err) {
-      if (errnoCode(err) === 'ENOENT') return false;
-      throw err;
-    }
-  }
-
-  /** Creates the dir (0700) if needed and refuses one that is a symlink, not a dir, or writable by others. */
-  ensureDir(): void {
-    try {
-      mkdirSync(this.dir, { recursive: true, mode: 0o700 });
-    } catch (err) {
-      throw new StateIOError(`cannot create state dir ${this.dir}`, err);
-    }
-    const st = lstatSync(this.dir);
-    if (st.isSymbolicLink() || !st.isDirectory()) throw new InvalidArgError(`state dir ${this.dir} is not a directory (symlinks are not followed)`);
-    if (st.mode & 0o022) {
-      throw new InvalidArgError(`state dir ${this.dir} is writable by group or others (mode ${(st.mode & 0o777).toString(8)}); refusing to trust it`);
-    }
-    const uid = process.getuid?.();
-    if (uid !== undefined && st.uid !== uid) throw new InvalidArgError(`state dir ${this.dir} belongs to uid ${st.uid}, not ${uid}`);
-  }
-
-  /** Takes the dir's lock or throws StateLockedError naming the holder. */
-  lock(): void {
-    this.ensureDir();
-    const path = join(this.dir, LOCK);
-    const key = realpathSync(this.dir);
-    if (lockedHere.has(key)) throw new StateLockedError(this.dir, process.pid);
-    let fd: number;
-    try {
-      fd = openSync(path, fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW, 0o600);
-    } catch (err) {
-      throw new StateIOError(`cannot open ${path}`, err);
-    }
-    try {
-      const locked = backend.tryLock(fd);
-      const holder = this.#readHolder(fd);
-      if (locked === false) throw new StateLockedError(this.dir, holder?.pid ?? null);
-      // A js-backend holder cannot flock: its record in the file is the lock.
-      if (holder && holder.pid !== process.pid && holderAlive(holder)) throw new StateLockedError(this.dir, holder.pid);
-      const text = `${JSON.stringify({ pid: process.pid, startTicks: ownStartTicks() })}\n`;
-      ftruncateSync(fd, 0);
-      writeSync(fd, text, 0);
-      fsyncSync(fd);
-      this.#lockFd = fd;
-      this.#lockKey = key;
-      lockedHere.add(key);
-    } catch (err) {
-      closeSync(fd);
-      throw err;
-    }
-  }
-
-  /** Releases the lock (closing the fd drops the flock); clears our record. */
-  unlock(): void {
-    if (this.#lockFd === null) return;
-    try {
-      ftruncateSync(this.#lockFd, 0);
-    } catch {
-      // the record is only a hint once the flock is gone
-    }
-    closeSync(this.#lockFd);
-    this.#lockFd = null;
-    if (this.#lockKey) lockedHere.delete(this.#lockKey);
-    this.#lockKey = null;
-  }
-
-  #readHolder(fd: number): { pid: number; startTicks: number } | null {
-    const buf = Buffer.alloc(256);
-    const n = readSync(fd, buf, 0, buf.length, 0);
-    try {
-      const v = JSON.parse(buf.subarray(0, n).toString('utf8'));
-      return isInt(v?.pid, 1) && isInt(v?.startTicks, -1) ? v : null;
-    } catch {
-      return null;
-    }
-  }
-
-  /** Ids with an instance dir (dot-entries such as .lock are not instances). */
-  ids(): string[] {
-    return readdirSync(this.dir).filter((name) => !name.startsWith('.'));
-  }
-
-  instanceDir(id: string): string {
-    return join(this.dir, id);
-  }
-
-  /** Reads and decodes a manifest. A symlinked dir or file, or a bad document, throws BadManifestError. */
-  read(id: string): Manifest {
-    const dir = this.instanceDir(id);
-    const path = join(dir, MANIFEST);
-    let st;
-    try {
-      st = lstatSync(dir);
-    } catch (err) {
-      throw new BadManifestError(path, `instance dir unreadable (${errnoCode(err)})`, { cause: err });
-    }
-    if (st.isSymbolicLink() || !st.isDirectory()) throw new BadManifestError(path, 'instance dir is a symlink or not a directory');
-    let fd: number;
-    try {
-      fd = openSync(path, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
-    } catch (err) {
-      const code = errnoCode(err);
-      if (code === 'ENOENT') throw new IncompleteInstanceError(path);
-      throw new BadManifestError(path, code === 'ELOOP' ? 'manifest is a symlink' : `unreadable (${code})`, { cause: err });
-    }
-    try {
-      const fst = fstatSync(fd);
-      if (!fst.isFile()) throw new BadManifestError(path, 'manifest is not a regular file');
-      if (fst.size > MAX_MANIFEST_BYTES) throw new BadManifestError(path, `manifest is ${fst.size} bytes, more than ${MAX_MANIFEST_BYTES}`);
-      const buf = Buffer.alloc(fst.size);
-      let off = 0;
-      while (off < buf.length) {
-        const n = readSync(fd, buf, off, buf.length - off, off);
-        if (n === 0) break;
-        off += n;
-      }
-      return decodeManifest(buf.subarray(0, off).toString('utf8'), path, id);
-    } finally {
-      closeSync(fd);
-    }
+  private constructor(sd: StateDir, lock: StateLock, emit: Emit, upgradedFrom: number | null) {
+    this.dir = sd.path;
+    this.#sd = sd;
+    this.#lock = lock;
+    this.#emit = emit;
+    this.upgradedFrom = upgradedFrom;
   }
 
   /**
-   * Writes a manifest atomically: temp file, fsync, rename, fsync of the
-   * dir (and of the state dir when the instance dir is new). Creates the
-   * instance dir (0700) first if needed. The fsyncs run off the event loop:
-   * on a disk each costs a millisecond that concurrent launches need not
-   * wait for.
+   * Opens a state dir for a supervisor: checks it (statedir.ts), takes its
+   * lock, and stamps it if it was new or custody 0.1's. Refuses, writing
+   * nothing, a dir that is not custody's.
+   */
+  static open(path: string, options: StateStoreOptions): StateStore {
+    const sd = StateDir.open(path, { create: options.create !== false });
+    let lock: StateLock | undefined;
+    try {
+      lock = StateLock.acquire(sd);
+      // Judged again under the lock: another opener may have stamped it meanwhile.
+      const before = sd.classify();
+      if (before !== STATE_FORMAT) sd.stamp();
+      return new StateStore(sd, lock, options.emit, before === STATE_FORMAT ? null : before);
+    } catch (err) {
+      lock?.release();
+      sd.close();
+      throw err;
+    }
+  }
+
+  /** Entries to recover, sorted: dirs and symlinks. A file at the top is not custody's: a warning, left alone. */
+  ids(): string[] {
+    const { names, foreign } = scan(this.#held());
+    for (const f of foreign) {
+      this.#emit('warning', { path: this.#sd.show(f.name), message: `${this.#sd.show(f.name)} is ${f.kind} custody did not write; left alone` });
+    }
+    return names;
+  }
+
+  read(name: string): Manifest {
+    return readManifest(this.#held(), name);
+  }
+
+  /** The held dir; after close() its fd number may name something else, so nothing reaches it. */
+  #held(): StateDir {
+    if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the state store of ${this.dir} is closed`);
+    return this.#sd;
+  }
+
+  /** Refuses (ERR_CUSTODY_UNSAFE_PATH) when the state dir's path no longer leads to the dir held since open. */
+  assertInPlace(): void {
+    this.#held().assertInPlace();
+  }
+
+  /**
+   * Writes a manifest atomically, as version MANIFEST_VERSION whatever it
+   * was read as: temp file, fsync, rename, fsync of the dir (and of the
+   * state dir when the instance dir is new). Creates the instance dir
+   * (0700) if needed; a write that fails leaves no dir it created. The
+   * fsyncs run off the event loop: on a disk each costs a millisecond that
+   * concurrent launches need not wait for.
    */
   async write(m: Manifest): Promise<void> {
-    const dir = this.instanceDir(m.id);
+    assertId(m.id);
+    const at = this.#held().at(m.id);
+    let created = false;
+    let dfd = -1;
+    let tmp: string | null = null;
+    let renamed: string | null = null;
     try {
-      let created = false;
-      if (m.state === 'starting') {
-        try {
-          mkdirSync(dir, { mode: 0o700 });
-          created = true;
-        } catch (err) {
-          if (errnoCode(err) !== 'EEXIST') throw err;
-        }
+      try {
+        mkdirSync(at, { mode: 0o700 });
+        created = true;
+      } catch (err) {
+        if (errnoCode(err) !== 'EEXIST') throw err;
       }
-      if (!created) {
-        let st;
-        try {
-          st = lstatSync(dir);
-        } catch (err) {
-          if (errnoCode(err) !== 'ENOENT') throw err;
-          mkdirSync(dir, { mode: 0o700 });
-          created = true;
-        }
-        if (st && (st.isSymbolicLink() || !st.isDirectory())) throw new InvalidArgError(`instance dir ${dir} is a symlink or not a directory`);
+      try {
+        dfd = openSync(at, O_DIR);
+      } catch (err) {
+        const code = errnoCode(err);
+        if (code === 'ENOTDIR' || code === 'ELOOP') throw new UnsafePathError(this.#sd.show(m.id), 'is a symlink or not a directory; an instance dir is never followed');
+        throw err;
       }
+      const base = pathOf(dfd, at);
       // The lock makes this process the only writer: pid and a counter are unique enough.
-      const tmp = join(dir, `.manifest.${process.pid}.${++tmpCounter}.tmp`);
+      tmp = `${base}/.manifest.${process.pid}.${++tmpCounter}.tmp`;
       // Open and write land in the page cache at once; only the fsync, the
       // part that waits for the device, leaves the event loop.
       const fd = openSync(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
       try {
-        const data = Buffer.from(`${JSON.stringify(m, null, 2)}\n`);
+        const data = Buffer.from(`${JSON.stringify({ ...m, version: MANIFEST_VERSION }, null, 2)}\n`);
         let off = 0;
         while (off < data.length) off += writeSync(fd, data, off, data.length - off);
         await fsyncAsync(fd);
-      } catch (err) {
+      } finally {
         closeSync(fd);
-        unlinkQuiet(tmp);
-        throw err;
       }
-      closeSync(fd);
-      try {
-        renameSync(tmp, join(dir, MANIFEST));
-      } catch (err) {
-        unlinkQuiet(tmp);
-        throw err;
-      }
+      renameSync(tmp, `${base}/${MANIFEST}`);
+      renamed = `${base}/${MANIFEST}`;
+      tmp = null;
       // A new instance dir is an entry of the state dir: make it durable too,
       // or a crash could lose the dir and the manifest with it.
-      await Promise.all([fsyncDirAsync(dir), created ? fsyncDirAsync(this.dir) : undefined]);
+      await Promise.all([fsyncAsync(dfd), created ? this.#sd.fsync() : undefined]);
     } catch (err) {
+      // Undo only what this write made: its temp file, and a dir it created (with the manifest in it).
+      if (tmp) this.#undo(m.id, () => unlinkSync(tmp!));
+      if (created) {
+        if (renamed) this.#undo(m.id, () => unlinkSync(renamed!));
+        this.#undo(m.id, () => rmdirSync(at));
+      }
       if (err instanceof CustodyError) throw err;
       throw new StateIOError(`cannot write the manifest of ${m.id}`, err);
+    } finally {
+      if (dfd >= 0) closeSync(dfd);
     }
   }
 
-  /** Removes an instance's state: its manifest, leftover temp files, its dir. */
-  async remove(id: string): Promise<void> {
-    const dir = this.instanceDir(id);
+  #undo(id: string, step: () => void): void {
     try {
-      const st = lstatSync(dir);
+      step();
+    } catch (err) {
+      const code = errnoCode(err);
+      if (code !== 'ENOENT' && code !== 'ENOTEMPTY') {
+        this.#emit('warning', { id, message: `could not undo a failed write of ${this.#sd.show(id)}: ${(err as Error).message}` });
+      }
+    }
+  }
+
+  /**
+   * Removes an entry's state: the manifest, custody's temp files, the dir;
+   * a symlink is unlinked, never followed. Files custody did not write are
+   * left with a warning naming them, and the instance counts as removed.
+   * `removed`: whether anything custody wrote was there to remove.
+   */
+  async remove(name: string): Promise<{ removed: boolean; left: string[] }> {
+    assertEntryName(name);
+    const at = this.#held().at(name);
+    const show = this.#sd.show(name);
+    try {
+      let st;
+      try {
+        st = lstatSync(at);
+      } catch (err) {
+        if (errnoCode(err) === 'ENOENT') return { removed: false, left: [] };
+        throw err;
+      }
       if (st.isSymbolicLink()) {
-        unlinkSync(dir);
-      } else {
-        unlinkQuiet(join(dir, MANIFEST));
-        try {
-          rmdirSync(dir);
-        } catch (err) {
-          if (errnoCode(err) !== 'ENOTEMPTY') throw err;
-          // Temp files of an interrupted write: ours to remove; anything else stays, and so does the dir.
-          for (const name of readdirSync(dir)) {
-            if (name.startsWith('.manifest.') && name.endsWith('.tmp')) unlinkQuiet(join(dir, name));
-          }
-          rmdirSync(dir);
+        unlinkSync(at);
+        await this.#sd.fsync();
+        return { removed: true, left: [] };
+      }
+      if (!st.isDirectory()) {
+        this.#emit('warning', { id: name, path: show, message: `${show} is ${fileKind(st)} custody did not write; left alone` });
+        return { removed: false, left: [name] };
+      }
+      let removed = false;
+      try {
+        unlinkSync(`${at}/${MANIFEST}`);
+        removed = true;
+      } catch (err) {
+        if (errnoCode(err) !== 'ENOENT') throw err;
+      }
+      let left: string[] = [];
+      try {
+        rmdirSync(at);
+        removed = true;
+      } catch (err) {
+        const code = errnoCode(err);
+        if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
+        const temps = removeTemps(at);
+        left = temps.left;
+        removed ||= temps.removed;
+        if (left.length === 0) {
+          rmdirSync(at);
+          removed = true;
+        } else {
+          this.#emit('warning', {
+            id: name,
+            path: show,
+            left,
+            message: `${show}: left ${left.map((n) => JSON.stringify(n)).join(', ')}, which custody did not write; the instance's own state is removed`,
+          });
         }
       }
-      await fsyncDirAsync(this.dir);
+      await this.#sd.fsync();
+      return { removed, left };
     } catch (err) {
-      if (errnoCode(err) === 'ENOENT') return;
-      throw new StateIOError(`cannot remove the state of ${id}`, err);
+      if (err instanceof CustodyError) throw err;
+      throw new StateIOError(`cannot remove the state of ${name}`, err);
     }
   }
-}
 
-/** Our start ticks, or -1 where /proc cannot say (then liveness is all a record proves). */
-function ownStartTicks(): number {
-  try {
-    return backend.inspect(process.pid).startTicks;
-  } catch {
-    return -1;
-  }
-}
-
-function holderAlive(holder: { pid: number; startTicks: number }): boolean {
-  if (holder.startTicks < 0) {
+  /** Releases the lock and the dir. Supervised processes are not affected. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
     try {
-      process.kill(holder.pid, 0);
-      return true;
-    } catch (err) {
-      return (err as NodeJS.ErrnoException).code === 'EPERM';
+      this.#lock.release();
+    } finally {
+      this.#sd.close();
     }
-  }
-  try {
-    return backend.inspect(holder.pid).startTicks === holder.startTicks;
-  } catch {
-    return false;
   }
 }
 
-function unlinkQuiet(path: string): void {
+/** Unlinks custody's temp files in an instance dir; returns the names of what else it holds. */
+function removeTemps(at: string): { removed: boolean; left: string[] } {
+  let names: string[];
   try {
-    unlinkSync(path);
-  } catch {
-    // already gone
+    names = readdirSync(at);
+  } catch (err) {
+    return { removed: false, left: [`(not listed: ${errnoCode(err)})`] };
+  }
+  let removed = false;
+  const left: string[] = [];
+  for (const n of names) {
+    if (!isTempName(n)) {
+      left.push(n);
+      continue;
+    }
+    try {
+      unlinkSync(`${at}/${n}`);
+      removed = true;
+    } catch (err) {
+      if (errnoCode(err) !== 'ENOENT') throw err;
+    }
+  }
+  return { removed, left };
+}
+
+export interface StateListing {
+  /** The state dir's path, made absolute. */
+  stateDir: string;
+  /** STATE_FORMAT: stamped; 1: left by custody 0.1 (stamped by the next open); null: empty. */
+  format: number | null;
+  /** Every entry that may be an instance, sorted by name, with its manifest or why it has none. */
+  entries: Array<{ name: string; manifest: Manifest; error?: undefined } | { name: string; manifest?: undefined; error: BadManifestError }>;
+  /** Files at the top that custody did not write. */
+  foreign: string[];
+}
+
+/**
+ * A read-only look at a state dir (custody ls): the same checks as open,
+ * no lock, nothing created or written. A dir that does not exist is
+ * ERR_CUSTODY_NO_STATE_DIR; one that is not custody's, ERR_CUSTODY_NOT_CUSTODY_DIR.
+ */
+export function readStateDir(path: string): StateListing {
+  const sd = StateDir.open(path, { create: false });
+  try {
+    const { names, foreign } = scan(sd);
+    const entries: StateListing['entries'] = names.map((name) => {
+      try {
+        return { name, manifest: readManifest(sd, name) };
+      } catch (err) {
+        if (err instanceof BadManifestError) return { name, error: err };
+        throw err;
+      }
+    });
+    return { stateDir: sd.path, format: sd.format, entries, foreign: foreign.map((f) => f.name) };
+  } finally {
+    sd.close();
   }
 }
 
 const fsyncAsync = promisify(fsync);
-
-async function fsyncDirAsync(dir: string): Promise<void> {
-  const fd = openSync(dir, fsc.O_RDONLY | fsc.O_DIRECTORY);
-  try {
-    await fsyncAsync(fd);
-  } finally {
-    closeSync(fd);
-  }
-}

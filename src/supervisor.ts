@@ -14,15 +14,15 @@ import {
   abandon,
   confirm,
   obtainPid,
-  removePaths,
   startChild,
   waitReady,
   type Attempt,
   type Instance,
   type LaunchSpec,
 } from './launch.js';
+import { removeDeclaredPaths } from './paths.js';
 import { recover, type RecoveryReport } from './recover.js';
-import { assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
+import { assertEntryName, assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
 import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateTree } from './tree.js';
@@ -48,7 +48,14 @@ export interface InstanceInfo {
 }
 
 export interface SupervisorOptions {
+  /**
+   * Custody's own dir: created 0700 if missing, stamped `.custody`; refused
+   * if it is /, $HOME, /etc, a dir that is not custody's, or a path another
+   * uid could change (ERR_CUSTODY_NOT_CUSTODY_DIR, ERR_CUSTODY_UNSAFE_PATH).
+   */
   stateDir: string;
+  /** Create the state dir when it does not exist (default true); false: ERR_CUSTODY_NO_STATE_DIR, nothing created. */
+  create?: boolean;
   /** Receives every event; also published on diagnostics_channel `custody:<type>`. Warnings never get lost: without a sink they become process warnings. */
   onEvent?: EventSink;
   /** Off Linux or without /proc ownership cannot be proven: adopt anyway (a warning each time) instead of quarantining. */
@@ -114,25 +121,28 @@ export class Supervisor {
   /** @internal */ readonly options: SupervisorOptions;
   /** @internal */ readonly table = new Map<string, Tracked>();
   #busy = new Set<string>();
+  /** Operations that use the state dir; close() lets them finish first. */
+  #pending = new Set<Promise<unknown>>();
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
   #logs: InstanceLogs;
 
-  private constructor(options: SupervisorOptions, store: StateStore) {
+  private constructor(options: SupervisorOptions, store: StateStore, emit: Emit) {
     this.options = options;
     this.stateDir = options.stateDir;
     this.store = store;
-    this.emit = emitter(options.onEvent);
-    this.#logs = new InstanceLogs(options.stateDir, {
+    this.emit = emit;
+    this.#logs = new InstanceLogs(store.dir, {
       report: (type, fields) => this.emit(type, fields),
       live: () => [...this.table.keys(), ...this.store.ids()],
     });
   }
 
   /**
-   * Opens the state dir (creating it 0700), takes its lock, and recovers
-   * every manifest in it before resolving: { supervisor, report }.
+   * Opens the state dir (creating it 0700 unless `create: false`), takes its
+   * lock, stamps it if it is new or custody 0.1's, and recovers every
+   * manifest in it before resolving: { supervisor, report }.
    */
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
     if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
@@ -144,11 +154,12 @@ export class Supervisor {
       if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
       for (const p of sw.patterns) validateSweep(p);
     }
+    if (options.create !== undefined && typeof options.create !== 'boolean') throw new InvalidArgError('create must be a boolean');
     // A /proc of another pid namespace would make every proof below about other processes.
     if (backend.capabilities().proc) assertOwnProc();
-    const store = new StateStore(options.stateDir);
-    store.lock();
-    const sup = new Supervisor(options, store);
+    const emit = emitter(options.onEvent);
+    const store = StateStore.open(options.stateDir, { emit, create: options.create });
+    const sup = new Supervisor(options, store, emit);
     try {
       if (options.subreaper && !backend.setChildSubreaper(true)) {
         sup.emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
@@ -157,7 +168,7 @@ export class Supervisor {
       if (options.sweep) sup.#startSweeps(options.sweep);
       return { supervisor: sup, report };
     } catch (err) {
-      sup.#releaseAll();
+      sup.#closeAll();
       throw err;
     }
   }
@@ -169,7 +180,14 @@ export class Supervisor {
    */
   async recover(): Promise<RecoveryReport> {
     this.#assertOpen();
-    return recover(this);
+    return this.#inFlight(recover(this));
+  }
+
+  #inFlight<T>(p: Promise<T>): Promise<T> {
+    this.#pending.add(p);
+    const done = () => this.#pending.delete(p);
+    p.then(done, done);
+    return p;
   }
 
   /** @internal: registers an adopted or launched process and watches its exit. */
@@ -200,14 +218,18 @@ export class Supervisor {
     t.exit = status;
     this.emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
     // Proven gone (its pidfd said so): stale sockets and state go with it.
-    if (t.manifest) removePaths(t.manifest.paths);
-    this.store.remove(t.id).catch((err: unknown) => {
+    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.emit, t.id);
+    void this.#inFlight(this.store.remove(t.id)).catch((err: unknown) => {
       this.emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
     });
   }
 
   /** Launches, confirms, waits until ready, then records the identity. Retries up to `attempts`, abandoning each failure cleanly. */
-  async launch(spec: LaunchSpec): Promise<Instance> {
+  launch(spec: LaunchSpec): Promise<Instance> {
+    return this.#inFlight(this.#launch(spec));
+  }
+
+  async #launch(spec: LaunchSpec): Promise<Instance> {
     this.#assertOpen();
     validateSpec(spec);
     const { id } = spec;
@@ -217,6 +239,8 @@ export class Supervisor {
     if (this.#busy.has(id) || existing?.status === 'running' || existing?.status === 'starting') {
       throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing?.status ?? 'launching'}`);
     }
+    // A state dir moved or replaced since open would get a record nobody finds.
+    this.store.assertInPlace();
     this.#busy.add(id);
     if (existing?.status === 'exited') this.table.delete(id);
     const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null };
@@ -291,7 +315,7 @@ export class Supervisor {
       stderrTail: () => undefined,
     };
     // Stale paths of an earlier run would make readiness lie.
-    removePaths(a.paths);
+    removeDeclaredPaths(a.paths, this.emit, spec.id);
     // Before the manifest: a log dir that cannot be trusted fails the launch with nothing to undo.
     const logged = spec.stdout === undefined || spec.stderr === undefined;
     const logs = this.#logs.prepare(spec.id, logged ? spec.logs : false);
@@ -330,7 +354,7 @@ export class Supervisor {
     } catch (err) {
       const ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.emit);
       // State goes only now: every process of the attempt is proven gone.
-      await this.store.remove(spec.id);
+      await this.#removeState(spec.id);
       this.emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
       throw err;
     }
@@ -352,7 +376,7 @@ export class Supervisor {
     assertDuration(graceMs, 'graceMs');
     if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
     if (options.graceful !== undefined && typeof options.graceful !== 'function') throw new InvalidArgError('graceful must be a function');
-    t.stopping = this.#stop(t, { ...options, graceMs });
+    t.stopping = this.#inFlight(this.#stop(t, { ...options, graceMs }));
     try {
       return await t.stopping;
     } finally {
@@ -371,12 +395,12 @@ export class Supervisor {
       // Abort means "force it now": KILL, a bounded wait until it is gone
       // (StopTimeoutError if it outlives that), and only then the AbortError.
       await (options.tree ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true }) : forceEnd(h));
-      await this.store.remove(t.id);
+      await this.#removeState(t.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
       this.#stopped(t, h, killed, 'stop aborted: ended with SIGKILL; state removed');
       throw err;
     }
-    await this.store.remove(t.id);
+    await this.#removeState(t.id);
     const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
     this.#stopped(t, h, result, `stopped (${how}); state removed`);
     return result;
@@ -385,7 +409,7 @@ export class Supervisor {
   /** Proven gone: the pin, the declared paths, the entry go; the stop event says how. */
   #stopped(t: Tracked, h: ProcessHandle, result: StopResult, message: string): void {
     h.close();
-    if (t.manifest) removePaths(t.manifest.paths);
+    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.emit, t.id);
     if (this.table.get(t.id) === t) this.table.delete(t.id);
     this.emit('stop', { id: t.id, pid: h.pid, ...result, message });
   }
@@ -514,30 +538,76 @@ export class Supervisor {
 
   /**
    * Clears a quarantine: an operator's decision that the state can go. The
-   * process, if any, is never signalled; the manifest is removed.
+   * process, if any, is never signalled; the manifest is removed. `id` is the
+   * name list() shows, even one that is not a valid id (a dir such as
+   * `bad id` is quarantined as a bad manifest), but never a path.
    */
   async release(id: string): Promise<void> {
     this.#assertOpen();
-    assertId(id);
+    assertEntryName(id);
     const t = this.table.get(id);
     if (!t || t.status !== 'quarantined') throw notFound(id, t?.status, 'quarantined');
-    await this.store.remove(id);
-    this.table.delete(id);
-    this.emit('release', { id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled` });
+    await this.#inFlight(this.#release(t));
   }
 
-  /** Releases the lock and the pidfds; supervised processes keep running (their children are still reaped if they exit while we run). */
+  /**
+   * Clears every quarantine at once (an operator clearing many): a release
+   * event for each, nothing signalled. Resolves with the ids released; if
+   * some state could not be removed, those stay quarantined, each named in
+   * a warning, and it rejects with the first error once all were tried.
+   */
+  async releaseAll(): Promise<string[]> {
+    this.#assertOpen();
+    const released: string[] = [];
+    let failure: unknown;
+    for (const t of [...this.table.values()].filter((x) => x.status === 'quarantined')) {
+      try {
+        await this.#inFlight(this.#release(t));
+        released.push(t.id);
+      } catch (err) {
+        failure ??= err;
+        this.emit('warning', { id: t.id, message: `release of ${t.id} failed: ${(err as Error).message}` });
+      }
+    }
+    if (failure) throw failure;
+    return released;
+  }
+
+  async #release(t: Tracked): Promise<void> {
+    await this.store.remove(t.id);
+    if (this.table.get(t.id) === t) this.table.delete(t.id);
+    this.emit('release', { id: t.id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${t.id} released by the operator (${t.reason}); nothing was signalled` });
+  }
+
+  /**
+   * State of a process proven gone. A removal that fails (EIO, EROFS) does
+   * not undo that proof: a warning, and recovery cleans the manifest later.
+   */
+  async #removeState(id: string): Promise<void> {
+    try {
+      await this.store.remove(id);
+    } catch (err) {
+      this.emit('warning', { id, message: `${id} is gone, but its state could not be removed (recovery will clean it): ${(err as Error).message}` });
+    }
+  }
+
+  /**
+   * Releases the lock and the pidfds once what is under way has finished (a
+   * launch in flight undoes itself, a stop completes); supervised processes
+   * keep running (their children are still reaped if they exit while we run).
+   */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     if (this.#sweepTimer) clearInterval(this.#sweepTimer);
+    while (this.#pending.size) await Promise.allSettled([...this.#pending]);
     this.#logs.close();
-    this.#releaseAll();
+    this.#closeAll();
   }
 
-  #releaseAll(): void {
+  #closeAll(): void {
     for (const t of this.table.values()) t.handle?.close();
-    this.store.unlock();
+    this.store.close();
   }
 
   #assertOpen(): void {

@@ -116,6 +116,8 @@ describe('decodeManifest properties', () => {
         // Any other non-empty string is a legitimate command or executable.
         fc.pre(!((key === 'command' || key === 'executable') && typeof value === 'string' && value !== ''));
         fc.pre(!(key === 'pidFile' && typeof value === 'string' && value.startsWith('/')));
+        // Both schema versions are read (1: custody 0.1's).
+        fc.pre(!(key === 'version' && (value === 1 || value === 2)));
         // Any other pid is a legitimate writer.
         fc.pre(!(key === 'supervisorPid' && Number.isSafeInteger(value) && (value as number) >= 1));
         // Empty lists are legitimate for these.

@@ -117,6 +117,8 @@ describe(`state faults (${backend.name})`, () => {
     cleanups.push(() => dir.cleanup());
     const stateDir = join(dir.path, 'state');
     mkdirSync(join(stateDir, 'torn'), { recursive: true, mode: 0o700 });
+    // A state dir custody 0.1 left: its lock file beside the torn instance.
+    writeFileSync(join(stateDir, '.lock'), '', { mode: 0o600 });
     writeFileSync(join(stateDir, 'torn', '.manifest.abcdef.tmp'), '{"version":1,"id":"torn","token":"', { mode: 0o600 });
     const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
     cleanups.push(() => supervisor.close());

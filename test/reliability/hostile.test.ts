@@ -113,11 +113,11 @@ describe(`hostile manifests (${backend.name})`, () => {
     const open = join(dir.path, 'open');
     mkdirSync(open, { mode: 0o700 });
     chmodSync(open, 0o777);
-    await expect(Supervisor.open({ stateDir: open })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG', message: expect.stringMatching(/writable by group or others/) });
+    await expect(Supervisor.open({ stateDir: open })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', message: expect.stringMatching(/writable by group or others/) });
     const real = join(dir.path, 'real');
     mkdirSync(real, { mode: 0o700 });
     symlinkSync(real, join(dir.path, 'link'));
-    await expect(Supervisor.open({ stateDir: join(dir.path, 'link') })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await expect(Supervisor.open({ stateDir: join(dir.path, 'link') })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH' });
   });
 });
 

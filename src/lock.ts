@@ -1,0 +1,319 @@
+/**
+ * One supervisor per state dir, on both backends, and against custody 0.1.
+ *
+ * What excludes everywhere is a chain of holder records, `.lock.<n>`: each
+ * is written complete under a temp name and then linked into place, and
+ * link(2) fails when the name exists, so each generation has one winner.
+ * The holder is the highest generation. A newcomer takes n+1 only after
+ * proving holder n released (its record emptied) or gone (boot id, pid and
+ * start ticks), and only then removes the generations below its own: a
+ * record that may be a live holder's is never deleted.
+ *
+ * For 0.1, which knew only `.lock`: on the native backend `.lock` is also
+ * flocked, and on both it holds the holder's {pid, startTicks} as 0.1 wrote
+ * it, so a 0.1 holder (native: flock and record; js: the record) keeps a new
+ * supervisor out, and a new holder keeps a 0.1 one out.
+ */
+import { closeSync, constants as fsc, fstatSync, ftruncateSync, linkSync, lstatSync, openSync, readSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import { backend } from './backend/index.js';
+import { StateIOError, StateLockedError, UnsafePathError } from './errors.js';
+import { errnoCode, fileKind, LOCK, type StateDir } from './statedir.js';
+
+interface Holder {
+  pid: number;
+  /** -1 where /proc could not say (then liveness is all the record proves). */
+  startTicks: number;
+  bootId?: string | null;
+  /** The inode of the holder's PID namespace: its pid means nothing in another one. */
+  pidNs?: number | null;
+}
+
+type Reading = { holder: Holder } | { released: true } | { corrupt: true };
+
+const GENERATION = /^\.lock\.(\d{1,15})$/;
+const TEMP = /^\.lock\.tmp\.(\d+)\./;
+const MAX_RECORD_BYTES = 512;
+/** Rounds of list, judge, link before giving up under contention (each lost round means another opener won). */
+const MAX_ROUNDS = 50;
+
+/** State dirs (dev:ino) this process holds: a second supervisor in it is refused like one in another process. */
+const lockedHere = new Set<string>();
+let tmpCounter = 0;
+
+const sleepCell = new Int32Array(new SharedArrayBuffer(4));
+const pause = (ms: number) => Atomics.wait(sleepCell, 0, 0, ms);
+
+let own: Holder | undefined;
+function ownRecord(): Holder {
+  if (own) return own;
+  let startTicks = -1;
+  let bootId: string | null = null;
+  let pidNs: number | null = null;
+  try {
+    startTicks = backend.inspect(process.pid).startTicks;
+  } catch {
+    // no /proc: liveness alone
+  }
+  try {
+    bootId = backend.bootId();
+  } catch {
+    bootId = null;
+  }
+  try {
+    pidNs = statSync('/proc/self/ns/pid').ino;
+  } catch {
+    pidNs = null;
+  }
+  return (own = { pid: process.pid, startTicks, bootId, pidNs });
+}
+
+function parseRecord(text: string): Reading {
+  if (text === '') return { released: true };
+  try {
+    const v = JSON.parse(text) as Record<string, unknown>;
+    const int = (x: unknown, min: number) => typeof x === 'number' && Number.isSafeInteger(x) && x >= min;
+    if (!int(v?.pid, 1) || !int(v.startTicks, -1)) return { corrupt: true };
+    if (v.bootId !== undefined && v.bootId !== null && typeof v.bootId !== 'string') return { corrupt: true };
+    if (v.pidNs !== undefined && v.pidNs !== null && !int(v.pidNs, 0)) return { corrupt: true };
+    return { holder: v as unknown as Holder };
+  } catch {
+    return { corrupt: true };
+  }
+}
+
+function readRecordFd(fd: number): Reading {
+  const buf = Buffer.alloc(MAX_RECORD_BYTES);
+  const n = readSync(fd, buf, 0, buf.length, 0);
+  return parseRecord(buf.subarray(0, n).toString('utf8'));
+}
+
+/** Whether the holder may still run. Only proof of the contrary (a reboot, no such process, another start) says no. */
+function holderAlive(h: Holder): boolean {
+  const me = ownRecord();
+  if (h.bootId && me.bootId && h.bootId !== me.bootId) return false;
+  // Its pid names another process here: nothing proves it gone.
+  if (h.pidNs != null && me.pidNs !== null && h.pidNs !== me.pidNs) return true;
+  // This process holds nothing it did not record in lockedHere; an earlier owner of our pid is gone.
+  if (h.pid === process.pid) return false;
+  if (h.startTicks < 0) {
+    try {
+      process.kill(h.pid, 0);
+      return true;
+    } catch (err) {
+      return errnoCode(err) !== 'ESRCH';
+    }
+  }
+  try {
+    const raw = backend.inspect(h.pid);
+    return raw.state !== 'Z' && raw.state !== 'X' && raw.startTicks === h.startTicks;
+  } catch (err) {
+    const code = errnoCode(err);
+    return code !== 'ESRCH' && code !== 'ENOENT';
+  }
+}
+
+function lockedBy(dir: StateDir, h: Holder): StateLockedError {
+  const me = ownRecord();
+  const elsewhere = h.pidNs != null && me.pidNs !== null && h.pidNs !== me.pidNs;
+  return new StateLockedError(dir.path, h.pid, elsewhere ? `in another PID namespace, ${h.pidNs}` : undefined);
+}
+
+function unlinkQuiet(path: string): void {
+  try {
+    unlinkSync(path);
+  } catch {
+    // gone already: what we wanted
+  }
+}
+
+/** `.lock`, opened without following a symlink or blocking on a FIFO, and only if it is a regular file. */
+function openLockFile(dir: StateDir): number {
+  const notRegular = (what: string) => new UnsafePathError(dir.show(LOCK), `is ${what}; custody's lock must be a regular file`);
+  let st;
+  try {
+    st = lstatSync(dir.at(LOCK));
+  } catch (err) {
+    if (errnoCode(err) !== 'ENOENT') throw new StateIOError(`cannot inspect ${dir.show(LOCK)}`, err);
+  }
+  // Opening a device can act on it: refuse before open, not after.
+  if (st && !st.isFile()) throw notRegular(fileKind(st));
+  let fd: number;
+  try {
+    fd = openSync(dir.at(LOCK), fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW | fsc.O_NONBLOCK, 0o600);
+  } catch (err) {
+    if (errnoCode(err) === 'ELOOP') throw notRegular('a symlink');
+    throw new StateIOError(`cannot open ${dir.show(LOCK)}`, err);
+  }
+  const fst = fstatSync(fd);
+  if (!fst.isFile()) {
+    closeSync(fd);
+    throw notRegular(fileKind(fst));
+  }
+  return fd;
+}
+
+function generations(dir: StateDir): number[] {
+  return dir
+    .names()
+    .map((n) => GENERATION.exec(n)?.[1])
+    .filter((g): g is string => g !== undefined)
+    .map(Number)
+    .sort((a, b) => a - b);
+}
+
+/** A generation's record; a torn read (a release truncating it) is read again. */
+function readGeneration(dir: StateDir, gen: number): Reading | 'vanished' {
+  for (let tries = 0; ; tries++) {
+    let fd: number;
+    try {
+      fd = openSync(dir.at(`${LOCK}.${gen}`), fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') return 'vanished';
+      throw new StateIOError(`cannot read ${dir.show(`${LOCK}.${gen}`)}`, err);
+    }
+    let r: Reading;
+    try {
+      r = fstatSync(fd).isFile() ? readRecordFd(fd) : { corrupt: true };
+    } finally {
+      closeSync(fd);
+    }
+    if (!('corrupt' in r) || tries >= 3) return r;
+    pause(2);
+  }
+}
+
+/** Takes the next generation or throws StateLockedError naming the live holder. Returns the fd of our record. */
+function takeGeneration(dir: StateDir): number {
+  const text = `${JSON.stringify(ownRecord())}\n`;
+  for (let round = 0; round < MAX_ROUNDS; round++) {
+    const gens = generations(dir);
+    const top = gens.at(-1) ?? 0;
+    if (top > 0) {
+      const r = readGeneration(dir, top);
+      if (r === 'vanished') continue;
+      if ('corrupt' in r) {
+        throw new StateLockedError(dir.path, null, `its holder record ${dir.show(`${LOCK}.${top}`)} is unreadable; remove it if no supervisor uses this dir`);
+      }
+      if ('holder' in r && holderAlive(r.holder)) throw lockedBy(dir, r.holder);
+    }
+    const next = top + 1;
+    const tmp = dir.at(`${LOCK}.tmp.${process.pid}.${++tmpCounter}`);
+    let fd: number;
+    try {
+      fd = openSync(tmp, fsc.O_RDWR | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
+    } catch (err) {
+      throw new StateIOError(`cannot write a lock record in ${dir.path}`, err);
+    }
+    let won = false;
+    try {
+      writeSync(fd, text, 0);
+      linkSync(tmp, dir.at(`${LOCK}.${next}`));
+      won = true;
+    } catch (err) {
+      if (errnoCode(err) !== 'EEXIST') {
+        closeSync(fd);
+        throw new StateIOError(`cannot write a lock record in ${dir.path}`, err);
+      }
+    } finally {
+      unlinkQuiet(tmp);
+    }
+    if (!won) {
+      // Another opener took `next` first: judge its record in the next round.
+      closeSync(fd);
+      continue;
+    }
+    // A name below the top that a newer holder had already removed: ours is not the top, so it is nobody's.
+    if (generations(dir).some((g) => g > next)) {
+      unlinkQuiet(dir.at(`${LOCK}.${next}`));
+      closeSync(fd);
+      continue;
+    }
+    for (const g of gens) unlinkQuiet(dir.at(`${LOCK}.${g}`));
+    removeDeadTemps(dir);
+    return fd;
+  }
+  throw new StateLockedError(dir.path, null, `${MAX_ROUNDS} rounds lost to other openers`);
+}
+
+/** Temp records of processes that died between write and link. */
+function removeDeadTemps(dir: StateDir): void {
+  for (const name of dir.names()) {
+    const pid = Number(TEMP.exec(name)?.[1] ?? 0);
+    if (!pid || pid === process.pid) continue;
+    try {
+      process.kill(pid, 0);
+    } catch (err) {
+      if (errnoCode(err) === 'ESRCH') unlinkQuiet(dir.at(name));
+    }
+  }
+}
+
+export class StateLock {
+  #lockFd: number;
+  #genFd: number;
+  #key: string;
+  #held = true;
+
+  private constructor(lockFd: number, genFd: number, key: string) {
+    this.#lockFd = lockFd;
+    this.#genFd = genFd;
+    this.#key = key;
+  }
+
+  /** Takes the dir's lock or throws StateLockedError naming the holder. */
+  static acquire(dir: StateDir): StateLock {
+    const key = `${dir.dev}:${dir.ino}`;
+    if (lockedHere.has(key)) throw new StateLockedError(dir.path, process.pid, 'this process');
+    const lockFd = openLockFile(dir);
+    let genFd = -1;
+    try {
+      const legacy = readRecordFd(lockFd);
+      if ('holder' in legacy && holderAlive(legacy.holder)) throw lockedBy(dir, legacy.holder);
+      genFd = takeGeneration(dir);
+      let flocked: boolean | 'unsupported';
+      try {
+        flocked = backend.tryLock(lockFd);
+      } catch (err) {
+        throw new StateIOError(`cannot lock ${dir.show(LOCK)}`, err);
+      }
+      if (flocked === false) {
+        const r = readRecordFd(lockFd);
+        throw new StateLockedError(dir.path, 'holder' in r ? r.holder.pid : null, 'it holds the flock on .lock');
+      }
+      ftruncateSync(lockFd, 0);
+      writeSync(lockFd, `${JSON.stringify(ownRecord())}\n`, 0);
+    } catch (err) {
+      if (genFd >= 0) {
+        empty(genFd);
+        closeSync(genFd);
+      }
+      closeSync(lockFd);
+      throw err;
+    }
+    lockedHere.add(key);
+    return new StateLock(lockFd, genFd, key);
+  }
+
+  /** Empties both records (ours: anyone may take over) and closes the fds, which drops the flock. */
+  release(): void {
+    if (!this.#held) return;
+    this.#held = false;
+    lockedHere.delete(this.#key);
+    let failure: unknown;
+    for (const fd of [this.#lockFd, this.#genFd]) {
+      try {
+        empty(fd);
+      } catch (err) {
+        failure ??= err;
+      }
+      closeSync(fd);
+    }
+    // Until this process exits, a record it could not empty still names it as the holder.
+    if (failure) throw new StateIOError('cannot empty the lock record', failure);
+  }
+}
+
+/** Truncation to nothing needs no free block: an empty record is a released lock, even on a full disk. */
+function empty(fd: number): void {
+  ftruncateSync(fd, 0);
+}

@@ -14,6 +14,7 @@ const GUARD = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
 
 /** What a file at a path is, for refusals that say why. */
 export function fileKind(st: Stats): string {
+  if (st.isFile()) return 'a regular file';
   if (st.isSymbolicLink()) return 'a symlink (never followed)';
   if (st.isFIFO()) return 'a FIFO';
   if (st.isCharacterDevice()) return 'a character device';

@@ -14,10 +14,12 @@
  * it, so a 0.1 holder (native: flock and record; js: the record) keeps a new
  * supervisor out, and a new holder keeps a 0.1 one out.
  */
-import { closeSync, constants as fsc, fstatSync, ftruncateSync, linkSync, lstatSync, openSync, readSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants as fsc, ftruncateSync, linkSync, openSync, readSync, unlinkSync, writeSync } from 'node:fs';
 import { backend } from './backend/index.js';
+import { ownPidNs } from './backend/procview.js';
 import { StateIOError, StateLockedError, UnsafePathError } from './errors.js';
-import { errnoCode, fileKind, LOCK, type StateDir } from './statedir.js';
+import { openRegular } from './files.js';
+import { errnoCode, LOCK, type StateDir } from './statedir.js';
 
 interface Holder {
   pid: number;
@@ -48,7 +50,6 @@ function ownRecord(): Holder {
   if (own) return own;
   let startTicks = -1;
   let bootId: string | null = null;
-  let pidNs: number | null = null;
   try {
     startTicks = backend.inspect(process.pid).startTicks;
   } catch {
@@ -59,12 +60,7 @@ function ownRecord(): Holder {
   } catch {
     bootId = null;
   }
-  try {
-    pidNs = statSync('/proc/self/ns/pid').ino;
-  } catch {
-    pidNs = null;
-  }
-  return (own = { pid: process.pid, startTicks, bootId, pidNs });
+  return (own = { pid: process.pid, startTicks, bootId, pidNs: ownPidNs() });
 }
 
 function parseRecord(text: string): Reading {
@@ -126,30 +122,16 @@ function unlinkQuiet(path: string): void {
   }
 }
 
-/** `.lock`, opened without following a symlink or blocking on a FIFO, and only if it is a regular file. */
+/** `.lock`, opened only if it is a regular file (a device is refused unopened: opening one can act on it). */
 function openLockFile(dir: StateDir): number {
-  const notRegular = (what: string) => new UnsafePathError(dir.show(LOCK), `is ${what}; custody's lock must be a regular file`);
-  let st;
+  let opened;
   try {
-    st = lstatSync(dir.at(LOCK));
+    opened = openRegular(dir.at(LOCK), fsc.O_RDWR | fsc.O_CREAT);
   } catch (err) {
-    if (errnoCode(err) !== 'ENOENT') throw new StateIOError(`cannot inspect ${dir.show(LOCK)}`, err);
-  }
-  // Opening a device can act on it: refuse before open, not after.
-  if (st && !st.isFile()) throw notRegular(fileKind(st));
-  let fd: number;
-  try {
-    fd = openSync(dir.at(LOCK), fsc.O_RDWR | fsc.O_CREAT | fsc.O_NOFOLLOW | fsc.O_NONBLOCK, 0o600);
-  } catch (err) {
-    if (errnoCode(err) === 'ELOOP') throw notRegular('a symlink');
     throw new StateIOError(`cannot open ${dir.show(LOCK)}`, err);
   }
-  const fst = fstatSync(fd);
-  if (!fst.isFile()) {
-    closeSync(fd);
-    throw notRegular(fileKind(fst));
-  }
-  return fd;
+  if ('refused' in opened) throw new UnsafePathError(dir.show(LOCK), `${opened.refused}; custody's lock must be a regular file`);
+  return opened.fd;
 }
 
 function generations(dir: StateDir): number[] {
@@ -164,18 +146,19 @@ function generations(dir: StateDir): number[] {
 /** A generation's record; a torn read (a release truncating it) is read again. */
 function readGeneration(dir: StateDir, gen: number): Reading | 'vanished' {
   for (let tries = 0; ; tries++) {
-    let fd: number;
+    let opened;
     try {
-      fd = openSync(dir.at(`${LOCK}.${gen}`), fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
+      opened = openRegular(dir.at(`${LOCK}.${gen}`), fsc.O_RDONLY);
     } catch (err) {
       if (errnoCode(err) === 'ENOENT') return 'vanished';
       throw new StateIOError(`cannot read ${dir.show(`${LOCK}.${gen}`)}`, err);
     }
+    if ('refused' in opened) return { corrupt: true };
     let r: Reading;
     try {
-      r = fstatSync(fd).isFile() ? readRecordFd(fd) : { corrupt: true };
+      r = readRecordFd(opened.fd);
     } finally {
-      closeSync(fd);
+      closeSync(opened.fd);
     }
     if (!('corrupt' in r) || tries >= 3) return r;
     pause(2);

@@ -36,6 +36,7 @@ import { StringDecoder } from 'node:string_decoder';
 import { promisify } from 'node:util';
 import { BadLogError, InvalidArgError } from './errors.js';
 import { fileKind, openRegular } from './files.js';
+import { LOGS } from './statedir.js';
 import { assertId } from './store.js';
 import { sleep } from './timing.js';
 
@@ -60,7 +61,7 @@ export const LOG_CHECK_MS = 10_000;
 export const LOG_RETENTION_MS = 7 * 24 * 3600 * 1000;
 const PRUNE_EVERY_MS = 3600 * 1000;
 const MAX_KEEP = 9;
-const LOGS_DIR = '.logs';
+const LOGS_DIR = LOGS;
 const CHUNK = 64 * 1024;
 
 const APPEND = fsc.O_WRONLY | fsc.O_APPEND | fsc.O_CREAT;

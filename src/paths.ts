@@ -7,7 +7,8 @@
  */
 import { lstatSync, unlinkSync } from 'node:fs';
 import type { Emit } from './events.js';
-import { errnoCode, fileKind } from './statedir.js';
+import { fileKind } from './files.js';
+import { errnoCode } from './statedir.js';
 
 /** Removes what is a socket or regular file; every other finding is a warning event. Returns the paths removed. */
 export function removeDeclaredPaths(paths: readonly string[], emit: Emit, id?: string): string[] {

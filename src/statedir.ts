@@ -26,55 +26,40 @@ import {
 import { homedir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
+import { openRegular } from './files.js';
 import { InvalidArgError, NoStateDirError, NotCustodyDirError, StateIOError, UnsupportedError, UnsafePathError } from './errors.js';
 
 /** The format the stamp names. Custody 0.1 wrote format 1 and no stamp. */
 export const STATE_FORMAT = 2;
 export const STAMP = '.custody';
 export const LOCK = '.lock';
+/** Instance logs (logs.ts): custody's, beside the instances, never one of them. */
+export const LOGS = '.logs';
 const MAX_STAMP_BYTES = 4096;
 const S_ISVTX = 0o1000;
 
 /** Names custody keeps for itself at the top of a state dir: never instances. */
 export function isReservedName(name: string): boolean {
-  return name === STAMP || name === LOCK || name.startsWith(`${STAMP}.`) || name.startsWith(`${LOCK}.`);
+  return name === STAMP || name === LOCK || name === LOGS || name.startsWith(`${STAMP}.`) || name.startsWith(`${LOCK}.`);
 }
 
 export function errnoCode(err: unknown): string | undefined {
   return (err as NodeJS.ErrnoException)?.code;
 }
 
-/** What a file is, for messages ("is a FIFO"). */
-export function fileKind(st: Stats): string {
-  if (st.isFile()) return 'a regular file';
-  if (st.isDirectory()) return 'a directory';
-  if (st.isSymbolicLink()) return 'a symlink';
-  if (st.isFIFO()) return 'a FIFO';
-  if (st.isSocket()) return 'a socket';
-  if (st.isCharacterDevice()) return 'a character device';
-  if (st.isBlockDevice()) return 'a block device';
-  return 'not a regular file';
-}
-
 const octal = (st: Stats) => (st.mode & 0o7777).toString(8).padStart(4, '0');
 
 /**
- * Reads a regular file without following a symlink at its last component
- * and without blocking on a FIFO. `problem` says why it is not one to read;
- * errno errors other than ELOOP (ENOENT, EMFILE...) are thrown as they are.
+ * Reads a regular file through openRegular (no symlink, FIFO or device, no
+ * blocking). `problem` says why it is not one to read ("is a FIFO"); errno
+ * errors (ENOENT, EMFILE...) are thrown as they are.
  */
 export function readPlainFile(path: string, maxBytes: number): { data: Buffer } | { problem: string } {
-  let fd: number;
+  const opened = openRegular(path, fsc.O_RDONLY);
+  if ('refused' in opened) return { problem: opened.refused };
+  const { fd, st } = opened;
   try {
-    fd = openSync(path, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
-  } catch (err) {
-    if (errnoCode(err) === 'ELOOP') return { problem: 'a symlink' };
-    throw err;
-  }
-  try {
-    const st = fstatSync(fd);
-    if (!st.isFile()) return { problem: fileKind(st) };
-    if (st.size > maxBytes) return { problem: `${st.size} bytes, more than ${maxBytes}` };
+    if (st.size > maxBytes) return { problem: `is ${st.size} bytes, more than ${maxBytes}` };
     const buf = Buffer.alloc(st.size);
     let off = 0;
     while (off < buf.length) {
@@ -297,7 +282,7 @@ export class StateDir {
     } catch (err) {
       throw new StateIOError(`cannot read ${this.show(STAMP)}`, err);
     }
-    if ('problem' in r) throw new NotCustodyDirError(this.path, `its ${STAMP} is ${r.problem}`);
+    if ('problem' in r) throw new NotCustodyDirError(this.path, `its ${STAMP} ${r.problem}`);
     let format: unknown;
     try {
       format = (JSON.parse(r.data.toString('utf8')) as { format?: unknown })?.format;

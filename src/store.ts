@@ -12,7 +12,8 @@ import { promisify } from 'node:util';
 import { BadManifestError, CustodyError, InvalidArgError, StateIOError, UnsafePathError } from './errors.js';
 import type { Emit } from './events.js';
 import { StateLock } from './lock.js';
-import { errnoCode, fileKind, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDir } from './statedir.js';
+import { fileKind } from './files.js';
+import { errnoCode, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDir } from './statedir.js';
 import type { ProcessIdentity } from './types.js';
 import { pidMax } from './validate.js';
 
@@ -158,7 +159,7 @@ function readManifest(sd: StateDir, name: string): Manifest {
       if (errnoCode(err) === 'ENOENT') throw new IncompleteInstanceError(path);
       throw new BadManifestError(path, `unreadable (${errnoCode(err)})`, { cause: err });
     }
-    if ('problem' in r) throw new BadManifestError(path, r.problem === 'a symlink' ? 'manifest is a symlink' : `manifest is ${r.problem}`);
+    if ('problem' in r) throw new BadManifestError(path, `manifest ${r.problem}`);
     return decodeManifest(r.data.toString('utf8'), path, name);
   } finally {
     closeSync(dfd);
@@ -201,6 +202,8 @@ export class StateStore {
   #lock: StateLock;
   #emit: Emit;
   #closed = false;
+  /** Top-level files already warned about: ids() runs at every recovery and log prune, the warning once. */
+  #warned = new Set<string>();
 
   private constructor(sd: StateDir, lock: StateLock, emit: Emit, upgradedFrom: number | null) {
     this.dir = sd.path;
@@ -231,10 +234,12 @@ export class StateStore {
     }
   }
 
-  /** Entries to recover, sorted: dirs and symlinks. A file at the top is not custody's: a warning, left alone. */
+  /** Entries to recover, sorted: dirs and symlinks. A file at the top is not custody's: a warning (once), left alone. */
   ids(): string[] {
     const { names, foreign } = scan(this.#held());
     for (const f of foreign) {
+      if (this.#warned.has(f.name)) continue;
+      this.#warned.add(f.name);
       this.#emit('warning', { path: this.#sd.show(f.name), message: `${this.#sd.show(f.name)} is ${f.kind} custody did not write; left alone` });
     }
     return names;

@@ -185,7 +185,7 @@ describe(`the state dir lock (${backend.name})`, () => {
     writeFileSync(elsewhere, 'not a lock');
     const kinds: Array<[string, () => void]> = [
       ['a FIFO', () => execFileSync('mkfifo', ['-m', '600', lock])],
-      ['a symlink', () => symlinkSync(elsewhere, lock)],
+      ['a symlink (never followed)', () => symlinkSync(elsewhere, lock)],
     ];
     if (isRoot()) kinds.push(['a character device', () => execFileSync('mknod', ['-m', '600', lock, 'c', '1', '3'])]);
     for (const [kind, make] of kinds) {

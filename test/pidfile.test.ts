@@ -113,7 +113,9 @@ describe(`launch with a hostile pidfile (${backend.name})`, () => {
     await expect(launchWith('fifo', 'mkfifo "$3"')).rejects.toMatchObject(refused);
     expect(processesWithMarker(MARKER)).toEqual([]);
     expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
-    expect(existsSync(path('fifo.pid'))).toBe(false);
+    // A declared path is removed only when it is a socket or a regular file: the FIFO stays, and a warning says so.
+    expect(existsSync(path('fifo.pid'))).toBe(true);
+    expect(ctx.events).toContainEqual(expect.objectContaining({ type: 'warning', path: path('fifo.pid') }));
   });
 
   it('a symlink to /dev/zero, a huge file or garbage fail the launch with a code, never a crash', async () => {

@@ -43,7 +43,7 @@ function tree(dir: string): string[] {
   return out;
 }
 
-const EMPTY_REPORT = { adopted: [], repaired: [], cleaned: [], quarantined: [] };
+const EMPTY_REPORT = { adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] };
 /**
  * A process for a manifest to name, spawned by custody: it reaps its own
  * children whoever adopts them later, as it would after a restart.

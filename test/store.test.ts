@@ -86,7 +86,7 @@ describe(`files custody did not write (${backend.name})`, () => {
     expect(readdirSync(join(s.stateDir, 'vm')).sort()).toEqual(['console.log', 'dumps']);
     expect(warnings(s.events)).toEqual([expect.objectContaining({ id: 'vm', left: ['console.log', 'dumps'], message: expect.stringContaining('"console.log"') })]);
     // Opened again: not an instance any more, not a failure, still named.
-    expect(await s.reopen()).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [] });
+    expect(await s.reopen()).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] });
     expect(warnings(s.events).map((e) => e.left)).toEqual([['console.log', 'dumps']]);
     // The id launches again beside the user's files; recovery adopts it, then cleans it once it is gone.
     const again = await s.launch('vm');
@@ -166,7 +166,7 @@ describe(`ids and names (${backend.name})`, () => {
     expect(s.supervisor.list().filter((i) => i.status === 'quarantined').map((i) => i.id)).toEqual(names);
     for (const n of names) await s.supervisor.release(n);
     expect(s.events.filter((e) => e.type === 'release').map((e) => e.id)).toEqual(names);
-    expect(readdirSync(s.stateDir).filter((n) => !/^\.(custody|lock)/.test(n))).toEqual(['real']);
+    expect(readdirSync(s.stateDir).filter((n) => !/^\.(custody|lock|logs)/.test(n))).toEqual(['real']);
     expect(s.supervisor.list().map((i) => i.id)).toEqual(['real']);
     expect(loggedSignals(log)).toEqual([]);
     expect(isGone(inst.pid)).toBe(false);
@@ -188,7 +188,7 @@ describe(`ids and names (${backend.name})`, () => {
     const released = await s.supervisor.releaseAll();
     expect(released).toEqual(['a', 'b', 'bad id']);
     expect(s.events.filter((e) => e.type === 'release')).toEqual(released.map((id) => expect.objectContaining({ id, message: expect.stringMatching(/nothing was signalled/) })));
-    expect(s.supervisor.list()).toEqual([{ id: 'keep', status: 'running', pid: keep.pid }]);
+    expect(s.supervisor.list()).toMatchObject([{ id: 'keep', status: 'running', pid: keep.pid }]);
     expect(readdirSync(s.stateDir).filter((n) => !n.startsWith('.'))).toEqual(['keep']);
     expect([a.pid, b.pid].map(isGone)).toEqual([false, false]);
     expect(await s.supervisor.releaseAll()).toEqual([]);
@@ -265,14 +265,19 @@ describe(`writes that fail (${backend.name})`, () => {
       const { openSync, closeSync, readdirSync } = await import('node:fs');
       const { Supervisor } = await import(${JSON.stringify(DIST)});
       const steps = {};
-      const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(stateDir)}, onEvent: (e) => (steps[e.type] = (steps[e.type] ?? 0) + 1) });
+      const warnings = new Set();
+      const onEvent = (e) => {
+        steps[e.type] = (steps[e.type] ?? 0) + 1;
+        if (e.type === 'warning') warnings.add(e.message);
+      };
+      const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(stateDir)}, onEvent });
       const hoard = [];
       try { for (;;) hoard.push(openSync('/dev/null', 'r')); } catch (e) { if (e.code !== 'EMFILE') throw e; }
       const codes = {};
       let launched = 0;
       for (let i = 0; i < 1000; i++) {
-        // 0 to 2 fds free: the failure lands in the first write, or (native) after the spawn, in confirm and abandon.
-        for (const fd of hoard.splice(0, i % 3)) closeSync(fd);
+        // 0 to 3 fds free: the failure lands in the first write, or after it (the logs, the spawn, confirm) and is abandoned.
+        for (const fd of hoard.splice(0, i % 4)) closeSync(fd);
         try {
           await supervisor.launch({ id: 'fd-' + i, command: ${JSON.stringify(PERL)}, args: (t) => ['-e', 'sleep 300', t, ${JSON.stringify(MARKER)}] });
           launched++;
@@ -286,21 +291,20 @@ describe(`writes that fail (${backend.name})`, () => {
       for (const fd of hoard) closeSync(fd);
       const list = supervisor.list();
       await supervisor.close();
-      console.log(JSON.stringify({ codes, steps, launched, list, left: readdirSync(${JSON.stringify(stateDir)}).filter((n) => !/^\\.(custody|lock(\\.\\d+)?)$/.test(n)) }));`;
+      console.log(JSON.stringify({ codes, steps, warnings: [...warnings], launched, list, left: readdirSync(${JSON.stringify(stateDir)}).filter((n) => !/^\\.(custody|logs|lock(\\.\\d+)?)$/.test(n)) }));`;
     const { stdout } = await promisify(execFile)('sh', ['-c', 'ulimit -n 64 && exec "$0" --input-type=module -e "$1"', process.execPath, script], {
       env: { ...process.env, CUSTODY_BACKEND: backend.name },
       timeout: 170_000,
     });
     const r = JSON.parse(stdout.trim().split('\n').pop()!);
-    console.log(`${backend.name}: 1000 launches at the fd limit: ${JSON.stringify(r.codes)}, ${r.launched} got through (and were stopped); events ${JSON.stringify(r.steps)}`);
+    console.log(`${backend.name}: 1000 launches at the fd limit: ${JSON.stringify(r.codes)}, ${r.launched} got through (and were stopped); events ${JSON.stringify(r.steps)}; warnings ${JSON.stringify(r.warnings)}`);
     expect(r.left).toEqual([]);
     expect(r.list).toEqual([]);
-    // Two in three fail at the first write on both backends; the third fails after its spawn on native (and is
-    // abandoned), while the js backend's spawn needs no fd more and gets through (and is stopped).
-    expect(r.codes).toEqual({ EMFILE: backend.name === 'native' ? 1000 : expect.any(Number) });
-    expect(r.codes.EMFILE + r.launched).toBe(1000);
-    expect(r.codes.EMFILE).toBeGreaterThanOrEqual(666);
-    if (backend.name === 'native') expect(r.steps.abandon).toBeGreaterThan(0);
+    // Half fail at the first write; the others fail after it and are abandoned, or get through and are stopped.
+    const failed = Object.values(r.codes as Record<string, number>).reduce((x, y) => x + y, 0);
+    expect(failed + r.launched).toBe(1000);
+    expect(r.codes.EMFILE).toBeGreaterThanOrEqual(500);
+    expect(r.steps.abandon).toBeGreaterThan(0);
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 });
@@ -323,7 +327,7 @@ describe(`declared paths (${backend.name})`, () => {
     const removed = removeDeclaredPaths([p('pidfile'), p('vm.sock'), p('link'), p('dir'), p('fifo'), p('missing')], emitter((e) => events.push(e)), 'vm');
     expect(removed).toEqual([p('pidfile'), p('vm.sock')]);
     expect(events.map((e) => [e.type, e.id, e.path, (e.message as string).replace(/.* is /, '')])).toEqual([
-      ['warning', 'vm', p('link'), 'a symlink, not a socket or regular file: left alone'],
+      ['warning', 'vm', p('link'), 'a symlink (never followed), not a socket or regular file: left alone'],
       ['warning', 'vm', p('dir'), 'a directory, not a socket or regular file: left alone'],
       ['warning', 'vm', p('fifo'), 'a FIFO, not a socket or regular file: left alone'],
     ]);

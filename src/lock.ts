@@ -14,11 +14,20 @@
  * it, so a 0.1 holder (native: flock and record; js: the record) keeps a new
  * supervisor out, and a new holder keeps a 0.1 one out.
  */
-import { closeSync, constants as fsc, ftruncateSync, linkSync, openSync, readSync, unlinkSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  constants as fsc,
+  ftruncateSync,
+  linkSync,
+  openSync,
+  readSync,
+  unlinkSync,
+  writeSync,
+} from 'node:fs';
 import { backend } from './backend/index.js';
 import { ownPidNs } from './backend/procview.js';
 import { StateIOError, StateLockedError, UnsafePathError } from './errors.js';
-import { openRegular } from './files.js';
+import { openRegular, type Opened } from './files.js';
 import { errnoCode, LOCK, type StateDir } from './statedir.js';
 
 interface Holder {
@@ -60,7 +69,8 @@ function ownRecord(): Holder {
   } catch {
     bootId = null;
   }
-  return (own = { pid: process.pid, startTicks, bootId, pidNs: ownPidNs() });
+  own = { pid: process.pid, startTicks, bootId, pidNs: ownPidNs() };
+  return own;
 }
 
 function parseRecord(text: string): Reading {
@@ -124,13 +134,14 @@ function unlinkQuiet(path: string): void {
 
 /** `.lock`, opened only if it is a regular file (a device is refused unopened: opening one can act on it). */
 function openLockFile(dir: StateDir): number {
-  let opened;
+  let opened: Opened;
   try {
     opened = openRegular(dir.at(LOCK), fsc.O_RDWR | fsc.O_CREAT);
   } catch (err) {
     throw new StateIOError(`cannot open ${dir.show(LOCK)}`, err);
   }
-  if ('refused' in opened) throw new UnsafePathError(dir.show(LOCK), `${opened.refused}; custody's lock must be a regular file`);
+  if ('refused' in opened)
+    throw new UnsafePathError(dir.show(LOCK), `${opened.refused}; custody's lock must be a regular file`);
   return opened.fd;
 }
 
@@ -146,7 +157,7 @@ function generations(dir: StateDir): number[] {
 /** A generation's record; a torn read (a release truncating it) is read again. */
 function readGeneration(dir: StateDir, gen: number): Reading | 'vanished' {
   for (let tries = 0; ; tries++) {
-    let opened;
+    let opened: Opened;
     try {
       opened = openRegular(dir.at(`${LOCK}.${gen}`), fsc.O_RDONLY);
     } catch (err) {
@@ -175,7 +186,11 @@ function takeGeneration(dir: StateDir): number {
       const r = readGeneration(dir, top);
       if (r === 'vanished') continue;
       if ('corrupt' in r) {
-        throw new StateLockedError(dir.path, null, `its holder record ${dir.show(`${LOCK}.${top}`)} is unreadable; remove it if no supervisor uses this dir`);
+        throw new StateLockedError(
+          dir.path,
+          null,
+          `its holder record ${dir.show(`${LOCK}.${top}`)} is unreadable; remove it if no supervisor uses this dir`,
+        );
       }
       if ('holder' in r && holderAlive(r.holder)) throw lockedBy(dir, r.holder);
     }

@@ -5,7 +5,7 @@
  * only a socket or a regular file is removed (by lstat, never through a
  * symlink at the path), and whatever could not be removed is reported.
  */
-import { lstatSync, unlinkSync } from 'node:fs';
+import { lstatSync, type Stats, unlinkSync } from 'node:fs';
 import type { Emit } from './events.js';
 import { fileKind } from './files.js';
 import { errnoCode } from './statedir.js';
@@ -15,7 +15,7 @@ export function removeDeclaredPaths(paths: readonly string[], emit: Emit, id?: s
   const removed: string[] = [];
   const warn = (path: string, why: string) => emit('warning', { id, path, message: `declared path ${path} ${why}` });
   for (const path of paths) {
-    let st;
+    let st: Stats;
     try {
       st = lstatSync(path);
     } catch (err) {

@@ -27,7 +27,14 @@ import { homedir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { openRegular } from './files.js';
-import { InvalidArgError, NoStateDirError, NotCustodyDirError, StateIOError, UnsupportedError, UnsafePathError } from './errors.js';
+import {
+  InvalidArgError,
+  NoStateDirError,
+  NotCustodyDirError,
+  StateIOError,
+  UnsupportedError,
+  UnsafePathError,
+} from './errors.js';
 
 /** The format the stamp names. Custody 0.1 wrote format 1 and no stamp. */
 export const STATE_FORMAT = 2;
@@ -40,7 +47,9 @@ const S_ISVTX = 0o1000;
 
 /** Names custody keeps for itself at the top of a state dir: never instances. */
 export function isReservedName(name: string): boolean {
-  return name === STAMP || name === LOCK || name === LOGS || name.startsWith(`${STAMP}.`) || name.startsWith(`${LOCK}.`);
+  return (
+    name === STAMP || name === LOCK || name === LOGS || name.startsWith(`${STAMP}.`) || name.startsWith(`${LOCK}.`)
+  );
 }
 
 export function errnoCode(err: unknown): string | undefined {
@@ -131,9 +140,9 @@ function refuseSpecial(path: string): void {
 /**
  * OpenSSH's StrictModes, on the real path: the state dir belongs to us and
  * only we can write it; every dir above it belongs to root or us and no one
- * else can write it, except a sticky dir such as /tmp whose next component
- * is ours (the sticky bit stops others renaming or removing it). Without
- * this, another uid could swap a path under us between two syscalls.
+ * else can write it, except a sticky dir such as /tmp (the sticky bit stops
+ * others renaming or removing what is root's or ours in it). Without this,
+ * another uid could swap a path under us between two syscalls.
  * `leaf` false: `real` is the dir a new state dir will be created in.
  */
 function checkTrusted(real: string, leaf: boolean): Stats {
@@ -144,29 +153,39 @@ function checkTrusted(real: string, leaf: boolean): Stats {
     if (dirname(p) === p) break;
   }
   let first: Stats | undefined;
-  let below: Stats | undefined;
   for (const p of chain) {
     const st = lstatOrNull(p);
     if (!st) throw new UnsafePathError(p, 'vanished while it was being checked');
     if (uid !== undefined) {
       if (!first && leaf) {
-        if (st.uid !== uid) throw new UnsafePathError(p, `belongs to uid ${st.uid}, not to uid ${uid} that runs custody`);
-        if (st.mode & 0o022) throw new UnsafePathError(p, `is writable by group or others (mode ${octal(st)}); a state dir must be its owner's alone`);
+        if (st.uid !== uid)
+          throw new UnsafePathError(p, `belongs to uid ${st.uid}, not to uid ${uid} that runs custody`);
+        if (st.mode & 0o022)
+          throw new UnsafePathError(
+            p,
+            `is writable by group or others (mode ${octal(st)}); a state dir must be its owner's alone`,
+          );
       } else {
         if (st.uid !== 0 && st.uid !== uid) {
-          throw new UnsafePathError(p, `belongs to uid ${st.uid}: every dir above a state dir must belong to root or uid ${uid}`);
+          throw new UnsafePathError(
+            p,
+            `belongs to uid ${st.uid}: every dir above a state dir must belong to root or uid ${uid}`,
+          );
         }
-        const nextOurs = below ? below.uid === uid : true;
-        if (st.mode & 0o022 && !(st.mode & S_ISVTX && nextOurs)) {
-          const why = st.mode & S_ISVTX ? ' and is sticky, but the dir below it is not ours' : '';
-          throw new UnsafePathError(p, `is writable by group or others (mode ${octal(st)})${why}: another uid could replace the state dir`);
+        // Sticky (/tmp): others may write it, but only an entry's owner or root may rename or remove
+        // it, and the entry below is checked to be root's or ours (or is the one we create).
+        if (st.mode & 0o022 && !(st.mode & S_ISVTX)) {
+          throw new UnsafePathError(
+            p,
+            `is writable by group or others (mode ${octal(st)}): another uid could replace the state dir`,
+          );
         }
       }
     }
     first ??= st;
-    below = st;
   }
-  return first!;
+  // The chain starts at `real` itself, so the loop ran at least once.
+  return first as Stats;
 }
 
 /** Creates a missing state dir (0700) once the dir it goes in is proven safe to create it in. */
@@ -209,7 +228,8 @@ export class StateDir {
 
   /** Checks the path, creates it if asked, opens it and says what it holds; refuses what is not custody's. */
   static open(path: unknown, options: StateDirOptions): StateDir {
-    if (typeof path !== 'string' || path === '' || path.includes('\0')) throw new InvalidArgError('stateDir must be a non-empty path without NUL bytes');
+    if (typeof path !== 'string' || path === '' || path.includes('\0'))
+      throw new InvalidArgError('stateDir must be a non-empty path without NUL bytes');
     const abs = resolve(path);
     refuseSpecial(abs);
     let st = lstatOrNull(abs);
@@ -233,7 +253,8 @@ export class StateDir {
     }
     try {
       const held = fstatSync(fd);
-      if (held.dev !== checked.dev || held.ino !== checked.ino) throw new UnsafePathError(abs, 'was replaced while it was being checked');
+      if (held.dev !== checked.dev || held.ino !== checked.ino)
+        throw new UnsafePathError(abs, 'was replaced while it was being checked');
       const dir = new StateDir(abs, real, fd, held);
       dir.format = dir.classify();
       return dir;
@@ -271,8 +292,14 @@ export class StateDir {
     const others = names.filter((n) => !isReservedName(n));
     if (others.length === 0) return null;
     if (this.#looksLike01(others)) return 1;
-    const sample = others.slice(0, 3).map((n) => JSON.stringify(n)).join(', ');
-    throw new NotCustodyDirError(this.path, `it holds ${sample}${others.length > 3 ? ', ...' : ''} but no ${STAMP} stamp`);
+    const sample = others
+      .slice(0, 3)
+      .map((n) => JSON.stringify(n))
+      .join(', ');
+    throw new NotCustodyDirError(
+      this.path,
+      `it holds ${sample}${others.length > 3 ? ', ...' : ''} but no ${STAMP} stamp`,
+    );
   }
 
   #readStamp(): number {
@@ -293,7 +320,9 @@ export class StateDir {
       throw new NotCustodyDirError(this.path, `its ${STAMP} names no format custody wrote`);
     }
     if (format > STATE_FORMAT) {
-      throw new UnsupportedError(`state dir ${this.path} has format ${format}; this custody reads formats up to ${STATE_FORMAT} (a newer custody wrote it)`);
+      throw new UnsupportedError(
+        `state dir ${this.path} has format ${format}; this custody reads formats up to ${STATE_FORMAT} (a newer custody wrote it)`,
+      );
     }
     return format;
   }
@@ -357,11 +386,18 @@ export class StateDir {
     try {
       st = lstatSync(this.path);
     } catch (err) {
-      throw new UnsafePathError(this.path, `is gone since it was opened (${errnoCode(err)}); refusing to launch into it`);
+      throw new UnsafePathError(
+        this.path,
+        `is gone since it was opened (${errnoCode(err)}); refusing to launch into it`,
+      );
     }
-    if (st.isSymbolicLink()) throw new UnsafePathError(this.path, 'was replaced by a symlink after it was opened; refusing to launch into it');
+    if (st.isSymbolicLink())
+      throw new UnsafePathError(this.path, 'was replaced by a symlink after it was opened; refusing to launch into it');
     if (st.dev !== this.dev || st.ino !== this.ino) {
-      throw new UnsafePathError(this.path, 'was replaced by another directory after it was opened; refusing to launch into it');
+      throw new UnsafePathError(
+        this.path,
+        'was replaced by another directory after it was opened; refusing to launch into it',
+      );
     }
   }
 

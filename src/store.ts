@@ -7,7 +7,20 @@
  * fail: custody removes its own (the manifest, its temp files) and names
  * the rest in a warning event.
  */
-import { closeSync, constants as fsc, fsync, lstatSync, mkdirSync, openSync, readdirSync, renameSync, rmdirSync, unlinkSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  constants as fsc,
+  fsync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  renameSync,
+  rmdirSync,
+  unlinkSync,
+  writeSync,
+  type Stats,
+} from 'node:fs';
 import { promisify } from 'node:util';
 import { BadManifestError, CustodyError, InvalidArgError, StateIOError, UnsafePathError } from './errors.js';
 import type { Emit } from './events.js';
@@ -61,7 +74,8 @@ export function isValidId(id: unknown): id is string {
 }
 
 export function assertId(id: unknown): asserts id is string {
-  if (!isValidId(id)) throw new InvalidArgError(`id must be ${ID_RULE}, got ${JSON.stringify(String(id)).slice(0, 80)}`);
+  if (!isValidId(id))
+    throw new InvalidArgError(`id must be ${ID_RULE}, got ${JSON.stringify(String(id)).slice(0, 80)}`);
 }
 
 /**
@@ -71,8 +85,17 @@ export function assertId(id: unknown): asserts id is string {
  */
 export function assertEntryName(name: unknown): asserts name is string {
   const ok =
-    typeof name === 'string' && name !== '' && name !== '.' && name !== '..' && !name.includes('/') && !name.includes('\0') && Buffer.byteLength(name) <= 255;
-  if (!ok) throw new InvalidArgError(`not a name in a state dir (no "/", NUL, "." or ".."; at most 255 bytes): ${JSON.stringify(String(name)).slice(0, 80)}`);
+    typeof name === 'string' &&
+    name !== '' &&
+    name !== '.' &&
+    name !== '..' &&
+    !name.includes('/') &&
+    !name.includes('\0') &&
+    Buffer.byteLength(name) <= 255;
+  if (!ok)
+    throw new InvalidArgError(
+      `not a name in a state dir (no "/", NUL, "." or ".."; at most 255 bytes): ${JSON.stringify(String(name)).slice(0, 80)}`,
+    );
 }
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -83,10 +106,14 @@ const isInt = (v: unknown, min: number) => typeof v === 'number' && Number.isSaf
 function identityProblem(v: unknown): string | null {
   if (!isObj(v)) return 'identity is not an object';
   if (!isInt(v.pid, 1) || (v.pid as number) > pidMax()) return `identity.pid is not an integer from 1 to ${pidMax()}`;
-  if (v.bootId !== undefined && v.bootId !== null && typeof v.bootId !== 'string') return 'identity.bootId is not a string';
-  if (v.startTicks !== undefined && v.startTicks !== null && !isInt(v.startTicks, 0)) return 'identity.startTicks is not a non-negative integer';
-  if (v.exe !== null && v.exe !== undefined && !(isObj(v.exe) && isInt(v.exe.dev, 0) && isInt(v.exe.ino, 0))) return 'identity.exe is malformed';
-  if (v.pidfsId !== null && v.pidfsId !== undefined && !(typeof v.pidfsId === 'string' && /^\d{1,20}$/.test(v.pidfsId))) return 'identity.pidfsId is malformed';
+  if (v.bootId !== undefined && v.bootId !== null && typeof v.bootId !== 'string')
+    return 'identity.bootId is not a string';
+  if (v.startTicks !== undefined && v.startTicks !== null && !isInt(v.startTicks, 0))
+    return 'identity.startTicks is not a non-negative integer';
+  if (v.exe !== null && v.exe !== undefined && !(isObj(v.exe) && isInt(v.exe.dev, 0) && isInt(v.exe.ino, 0)))
+    return 'identity.exe is malformed';
+  if (v.pidfsId !== null && v.pidfsId !== undefined && !(typeof v.pidfsId === 'string' && /^\d{1,20}$/.test(v.pidfsId)))
+    return 'identity.pidfsId is malformed';
   if (!isStrArr(v.argv)) return 'identity.argv is not a list of strings';
   if (v.pidNs !== undefined && v.pidNs !== null && !isInt(v.pidNs, 0)) return 'identity.pidNs is malformed';
   return null;
@@ -101,20 +128,26 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     throw new BadManifestError(path, 'not valid JSON', { cause: err });
   }
   if (!isObj(v)) throw new BadManifestError(path, 'not a JSON object');
-  if (v.version !== 1 && v.version !== MANIFEST_VERSION) throw new BadManifestError(path, `unknown schema version ${JSON.stringify(v.version)}`);
+  if (v.version !== 1 && v.version !== MANIFEST_VERSION)
+    throw new BadManifestError(path, `unknown schema version ${JSON.stringify(v.version)}`);
   const bad = (why: string) => new BadManifestError(path, why);
   if (!isValidId(v.id)) throw bad('id is malformed');
-  if (expectedId !== undefined && v.id !== expectedId) throw bad(`id ${JSON.stringify(v.id)} does not match its directory ${JSON.stringify(expectedId)}`);
+  if (expectedId !== undefined && v.id !== expectedId)
+    throw bad(`id ${JSON.stringify(v.id)} does not match its directory ${JSON.stringify(expectedId)}`);
   if (typeof v.token !== 'string' || !/^[0-9a-f]{32}$/.test(v.token)) throw bad('token is not 32 hex digits');
-  if (v.state !== 'starting' && v.state !== 'running' && v.state !== 'quarantined') throw bad(`unknown state ${JSON.stringify(v.state)}`);
+  if (v.state !== 'starting' && v.state !== 'running' && v.state !== 'quarantined')
+    throw bad(`unknown state ${JSON.stringify(v.state)}`);
   if (typeof v.command !== 'string' || v.command === '') throw bad('command is malformed');
   if (!isStrArr(v.args)) throw bad('args is not a list of strings');
   if (!v.args.some((a) => a.includes(v.token as string))) throw bad('args do not carry the token');
   if (!isStrArr(v.expect)) throw bad('expect is not a list of strings');
   if (!isStrArr(v.paths)) throw bad('paths is not a list of strings');
-  if (v.pidSource !== 'child' && v.pidSource !== 'file' && v.pidSource !== 'function') throw bad('pidSource is malformed');
-  if (v.pidFile !== null && !(typeof v.pidFile === 'string' && v.pidFile.startsWith('/'))) throw bad('pidFile is not an absolute path');
-  if (v.executable !== null && !(typeof v.executable === 'string' && v.executable !== '')) throw bad('executable is malformed');
+  if (v.pidSource !== 'child' && v.pidSource !== 'file' && v.pidSource !== 'function')
+    throw bad('pidSource is malformed');
+  if (v.pidFile !== null && !(typeof v.pidFile === 'string' && v.pidFile.startsWith('/')))
+    throw bad('pidFile is not an absolute path');
+  if (v.executable !== null && !(typeof v.executable === 'string' && v.executable !== ''))
+    throw bad('executable is malformed');
   if (!isInt(v.supervisorPid, 1)) throw bad('supervisorPid is malformed');
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);
@@ -122,7 +155,8 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   } else if (v.state === 'running') {
     throw bad('a running manifest has no identity');
   }
-  if (v.quarantine !== null && !(isObj(v.quarantine) && typeof v.quarantine.reason === 'string')) throw bad('quarantine is malformed');
+  if (v.quarantine !== null && !(isObj(v.quarantine) && typeof v.quarantine.reason === 'string'))
+    throw bad('quarantine is malformed');
   return v as unknown as Manifest;
 }
 
@@ -148,7 +182,8 @@ function readManifest(sd: StateDir, name: string): Manifest {
     dfd = openSync(sd.at(name), O_DIR);
   } catch (err) {
     const code = errnoCode(err);
-    if (code === 'ENOTDIR' || code === 'ELOOP') throw new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: err });
+    if (code === 'ENOTDIR' || code === 'ELOOP')
+      throw new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: err });
     throw new BadManifestError(path, `instance dir unreadable (${code})`, { cause: err });
   }
   try {
@@ -172,7 +207,7 @@ function scan(sd: StateDir): { names: string[]; foreign: Array<{ name: string; k
   const foreign: Array<{ name: string; kind: string }> = [];
   for (const name of sd.names()) {
     if (isReservedName(name)) continue;
-    let st;
+    let st: Stats;
     try {
       st = lstatSync(sd.at(name));
     } catch {
@@ -240,7 +275,10 @@ export class StateStore {
     for (const f of foreign) {
       if (this.#warned.has(f.name)) continue;
       this.#warned.add(f.name);
-      this.#emit('warning', { path: this.#sd.show(f.name), message: `${this.#sd.show(f.name)} is ${f.kind} custody did not write; left alone` });
+      this.#emit('warning', {
+        path: this.#sd.show(f.name),
+        message: `${this.#sd.show(f.name)} is ${f.kind} custody did not write; left alone`,
+      });
     }
     return names;
   }
@@ -286,7 +324,11 @@ export class StateStore {
         dfd = openSync(at, O_DIR);
       } catch (err) {
         const code = errnoCode(err);
-        if (code === 'ENOTDIR' || code === 'ELOOP') throw new UnsafePathError(this.#sd.show(m.id), 'is a symlink or not a directory; an instance dir is never followed');
+        if (code === 'ENOTDIR' || code === 'ELOOP')
+          throw new UnsafePathError(
+            this.#sd.show(m.id),
+            'is a symlink or not a directory; an instance dir is never followed',
+          );
         throw err;
       }
       const base = pathOf(dfd, at);
@@ -311,9 +353,10 @@ export class StateStore {
       await Promise.all([fsyncAsync(dfd), created ? this.#sd.fsync() : undefined]);
     } catch (err) {
       // Undo only what this write made: its temp file, and a dir it created (with the manifest in it).
-      if (tmp) this.#undo(m.id, () => unlinkSync(tmp!));
+      const [madeTmp, madeManifest] = [tmp, renamed];
+      if (madeTmp) this.#undo(m.id, () => unlinkSync(madeTmp));
       if (created) {
-        if (renamed) this.#undo(m.id, () => unlinkSync(renamed!));
+        if (madeManifest) this.#undo(m.id, () => unlinkSync(madeManifest));
         this.#undo(m.id, () => rmdirSync(at));
       }
       if (err instanceof CustodyError) throw err;
@@ -329,7 +372,10 @@ export class StateStore {
     } catch (err) {
       const code = errnoCode(err);
       if (code !== 'ENOENT' && code !== 'ENOTEMPTY') {
-        this.#emit('warning', { id, message: `could not undo a failed write of ${this.#sd.show(id)}: ${(err as Error).message}` });
+        this.#emit('warning', {
+          id,
+          message: `could not undo a failed write of ${this.#sd.show(id)}: ${(err as Error).message}`,
+        });
       }
     }
   }
@@ -345,7 +391,7 @@ export class StateStore {
     const at = this.#held().at(name);
     const show = this.#sd.show(name);
     try {
-      let st;
+      let st: Stats;
       try {
         st = lstatSync(at);
       } catch (err) {
@@ -358,7 +404,11 @@ export class StateStore {
         return { removed: true, left: [] };
       }
       if (!st.isDirectory()) {
-        this.#emit('warning', { id: name, path: show, message: `${show} is ${fileKind(st)} custody did not write; left alone` });
+        this.#emit('warning', {
+          id: name,
+          path: show,
+          message: `${show} is ${fileKind(st)} custody did not write; left alone`,
+        });
         return { removed: false, left: [name] };
       }
       let removed = false;
@@ -441,7 +491,10 @@ export interface StateListing {
   /** STATE_FORMAT: stamped; 1: left by custody 0.1 (stamped by the next open); null: empty. */
   format: number | null;
   /** Every entry that may be an instance, sorted by name, with its manifest or why it has none. */
-  entries: Array<{ name: string; manifest: Manifest; error?: undefined } | { name: string; manifest?: undefined; error: BadManifestError }>;
+  entries: Array<
+    | { name: string; manifest: Manifest; error?: undefined }
+    | { name: string; manifest?: undefined; error: BadManifestError }
+  >;
   /** Files at the top that custody did not write. */
   foreign: string[];
 }

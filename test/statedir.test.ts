@@ -5,7 +5,17 @@
 // supervisor by another uid redirects nothing.
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, chownSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  chownSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
@@ -63,11 +73,15 @@ describe(`what custody takes as its state dir (${backend.name})`, () => {
     const home = join(scratch(), 'home');
     mkdirSync(join(home, 'Documents'), { recursive: true, mode: 0o700 });
     mkdirSync(join(home, 'work'), { mode: 0o700 });
-    writeFileSync(join(home, 'work', '.manifest.123.1.tmp'), 'a file of the user\'s');
+    writeFileSync(join(home, 'work', '.manifest.123.1.tmp'), "a file of the user's");
     writeFileSync(join(home, '.bashrc'), 'export X=1\n');
     const before = tree(home);
     const err = await Supervisor.open({ stateDir: home }).catch((e) => e);
-    expect(err).toMatchObject({ code: 'ERR_CUSTODY_NOT_CUSTODY_DIR', stateDir: home, message: expect.stringContaining(home) });
+    expect(err).toMatchObject({
+      code: 'ERR_CUSTODY_NOT_CUSTODY_DIR',
+      stateDir: home,
+      message: expect.stringContaining(home),
+    });
     expect(() => readStateDir(home)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_NOT_CUSTODY_DIR' }));
     // Only empty dirs, as a fresh home may have: no mark of custody either.
     const bare = join(scratch(), 'bare');
@@ -83,7 +97,11 @@ describe(`what custody takes as its state dir (${backend.name})`, () => {
     const homeBefore = readdirSync(home).sort();
     for (const stateDir of ['/', '/etc', home, '/etc/..', `${home}/`]) {
       const err = await Supervisor.open({ stateDir }).catch((e) => e);
-      expect([stateDir, err.code, err.message]).toEqual([stateDir, 'ERR_CUSTODY_UNSAFE_PATH', expect.stringMatching(/never a state dir/)]);
+      expect([stateDir, err.code, err.message]).toEqual([
+        stateDir,
+        'ERR_CUSTODY_UNSAFE_PATH',
+        expect.stringMatching(/never a state dir/),
+      ]);
       expect(() => readStateDir(stateDir)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_UNSAFE_PATH' }));
     }
     expect(probe.filter((p) => existsSync(p))).toEqual([]);
@@ -102,14 +120,21 @@ describe(`what custody takes as its state dir (${backend.name})`, () => {
     // A stamp from a newer custody is not guessed at.
     const newer = join(root, 'empty');
     writeFileSync(join(newer, '.custody'), JSON.stringify({ format: 99 }));
-    await expect(Supervisor.open({ stateDir: newer })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSUPPORTED', message: expect.stringMatching(/format 99/) });
+    await expect(Supervisor.open({ stateDir: newer })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSUPPORTED',
+      message: expect.stringMatching(/format 99/),
+    });
   });
 
   it('a read-only look creates nothing, and says when the dir does not exist', async () => {
     const root = scratch();
     const missing = join(root, 'typo');
-    expect(() => readStateDir(missing)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_NO_STATE_DIR', stateDir: missing }));
-    await expect(Supervisor.open({ stateDir: missing, create: false })).rejects.toMatchObject({ code: 'ERR_CUSTODY_NO_STATE_DIR' });
+    expect(() => readStateDir(missing)).toThrow(
+      expect.objectContaining({ code: 'ERR_CUSTODY_NO_STATE_DIR', stateDir: missing }),
+    );
+    await expect(Supervisor.open({ stateDir: missing, create: false })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_NO_STATE_DIR',
+    });
     expect(readdirSync(root)).toEqual([]);
     // On a state dir in use: what it holds, and nothing changes (no stamp, no lock taken).
     const stateDir = join(root, 'state');
@@ -126,7 +151,7 @@ describe(`what custody takes as its state dir (${backend.name})`, () => {
 });
 
 describe(`StrictModes: no path another uid could change (${backend.name})`, () => {
-  it('refuses a state dir below a dir others can write, or that is not its owner\'s alone, naming the component', async () => {
+  it("refuses a state dir below a dir others can write, or that is not its owner's alone, naming the component", async () => {
     const root = scratch();
     const parent = join(root, 'parent');
     const stateDir = join(parent, 'state');
@@ -138,7 +163,11 @@ describe(`StrictModes: no path another uid could change (${backend.name})`, () =
     };
     for (const mode of [0o777, 0o775, 0o757]) {
       chmodSync(parent, mode);
-      expect(await refusal()).toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', path: parent, message: expect.stringMatching(/writable by group or others/) });
+      expect(await refusal()).toMatchObject({
+        code: 'ERR_CUSTODY_UNSAFE_PATH',
+        path: parent,
+        message: expect.stringMatching(/writable by group or others/),
+      });
     }
     chmodSync(parent, 0o755);
     chmodSync(root, 0o777);
@@ -154,24 +183,37 @@ describe(`StrictModes: no path another uid could change (${backend.name})`, () =
     // Not created below an unsafe dir either.
     chmodSync(parent, 0o777);
     const fresh = join(parent, 'fresh');
-    await expect(Supervisor.open({ stateDir: fresh })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', path: parent });
+    await expect(Supervisor.open({ stateDir: fresh })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+      path: parent,
+    });
     expect(existsSync(fresh)).toBe(false);
   });
 
-  it.skipIf(!isRoot())('refuses a dir owned by another uid, above the state dir or as it, even in a sticky dir', async () => {
+  it('refuses a dir owned by another uid, above the state dir or as it, even in a sticky dir', async (ctx) => {
+    ctx.skip(!isRoot(), 'needs root: hands dirs to another uid (chown)');
     const root = scratch();
     const parent = join(root, 'parent');
     const stateDir = join(parent, 'state');
     mkdirSync(stateDir, { recursive: true, mode: 0o700 });
     chownSync(parent, 65534, 65534);
-    await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', path: parent, message: expect.stringMatching(/belongs to uid 65534/) });
+    await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+      path: parent,
+      message: expect.stringMatching(/belongs to uid 65534/),
+    });
     chownSync(parent, 0, 0);
     chmodSync(parent, 0o1777);
     chownSync(stateDir, 65534, 65534);
-    await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', path: stateDir, message: expect.stringMatching(/belongs to uid 65534/) });
+    await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+      path: stateDir,
+      message: expect.stringMatching(/belongs to uid 65534/),
+    });
   });
 
-  it.skipIf(!isRoot())('a state dir swapped for a symlink by another uid after open: launch refuses, nothing reaches the other dir, nothing planted is acted on', async () => {
+  it('a state dir swapped for a symlink by another uid after open: launch refuses, nothing reaches the other dir, nothing planted is acted on', async (ctx) => {
+    ctx.skip(!isRoot(), 'needs root: another uid (setpriv) does the swap');
     const root = scratch();
     chmodSync(root, 0o755);
     const parent = join(root, 'shared');
@@ -182,7 +224,11 @@ describe(`StrictModes: no path another uid could change (${backend.name})`, () =
     const events: CustodyEvent[] = [];
     const { supervisor } = await Supervisor.open({ stateDir, onEvent: (e) => events.push(e) });
     cleanups.push(() => supervisor.close());
-    const before = await supervisor.launch({ id: 'before', command: PERL, args: (t) => ['-e', 'sleep 300', t, MARKER] });
+    const before = await supervisor.launch({
+      id: 'before',
+      command: PERL,
+      args: (t) => ['-e', 'sleep 300', t, MARKER],
+    });
     cleanups.push(() => void supervisor.stop('before', { graceMs: 1000 }).catch(() => {}));
     const template = JSON.parse(readFileSync(join(stateDir, 'before', 'manifest.json'), 'utf8'));
     // The mistake that lets another uid in, and what it then does: the dir
@@ -191,14 +237,37 @@ describe(`StrictModes: no path another uid could change (${backend.name})`, () =
     chmodSync(parent, 0o777);
     execFileSync(
       'setpriv',
-      ['--reuid=65534', '--regid=65534', '--clear-groups', 'sh', '-c', 'cd "$1" && mv state moved && mkdir evil && ln -s evil state && mkdir evil/planted && cat > evil/planted/manifest.json', 'sh', parent],
+      [
+        '--reuid=65534',
+        '--regid=65534',
+        '--clear-groups',
+        'sh',
+        '-c',
+        'cd "$1" && mv state moved && mkdir evil && ln -s evil state && mkdir evil/planted && cat > evil/planted/manifest.json',
+        'sh',
+        parent,
+      ],
       // Its process gone: a recovery that read it would clean it, and remove its paths.
-      { input: JSON.stringify({ ...template, id: 'planted', identity: { ...template.identity, pid: unusedPid() }, paths: [secret] }), timeout: 10_000 },
+      {
+        input: JSON.stringify({
+          ...template,
+          id: 'planted',
+          identity: { ...template.identity, pid: unusedPid() },
+          paths: [secret],
+        }),
+        timeout: 10_000,
+      },
     );
     expect(lstatSync(stateDir).isSymbolicLink()).toBe(true);
     const marker = `${MARKER}-after`;
-    const err = await supervisor.launch({ id: 'after', command: PERL, args: (t) => ['-e', 'sleep 300', t, marker] }).catch((e) => e);
-    expect(err).toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', path: stateDir, message: expect.stringMatching(/replaced by a symlink/) });
+    const err = await supervisor
+      .launch({ id: 'after', command: PERL, args: (t) => ['-e', 'sleep 300', t, marker] })
+      .catch((e) => e);
+    expect(err).toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+      path: stateDir,
+      message: expect.stringMatching(/replaced by a symlink/),
+    });
     expect(readdirSync(join(parent, 'evil'))).toEqual(['planted']);
     // Recovery reads the dir it holds, never the one the path now names.
     expect(await supervisor.recover()).toEqual(EMPTY_REPORT);
@@ -210,7 +279,10 @@ describe(`StrictModes: no path another uid could change (${backend.name})`, () =
     await supervisor.close();
     // Opened again: the symlink, and the real dir below a dir others can write, are both refused.
     await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH' });
-    await expect(Supervisor.open({ stateDir: join(parent, 'moved') })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', path: parent });
+    await expect(Supervisor.open({ stateDir: join(parent, 'moved') })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+      path: parent,
+    });
     expect(events.filter((e) => e.id === 'planted')).toEqual([]);
   });
 });
@@ -228,15 +300,31 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
     const q = perlSleeper([tokens.q]);
     const s = perlSleeper([tokens.s]);
     const common = { DIR: root, PERL, SH: '/bin/sh', MARKER };
-    write01(stateDir, 'vm-a', fill01('running-child.json', { ...common, TOKEN: tokens.a, ...identityVars(inspect(a.pid)) }));
-    write01(stateDir, 'vm-b', fill01('running-pidfile.json', { ...common, TOKEN: tokens.b, ...identityVars(inspect(b.pid)) }));
-    write01(stateDir, 'vm-q', fill01('quarantined.json', { ...common, TOKEN: tokens.q, ...identityVars(inspect(q.pid)) }));
+    write01(
+      stateDir,
+      'vm-a',
+      fill01('running-child.json', { ...common, TOKEN: tokens.a, ...identityVars(inspect(a.pid)) }),
+    );
+    write01(
+      stateDir,
+      'vm-b',
+      fill01('running-pidfile.json', { ...common, TOKEN: tokens.b, ...identityVars(inspect(b.pid)) }),
+    );
+    write01(
+      stateDir,
+      'vm-q',
+      fill01('quarantined.json', { ...common, TOKEN: tokens.q, ...identityVars(inspect(q.pid)) }),
+    );
     write01(stateDir, 'vm-s', fill01('starting.json', { ...common, TOKEN: tokens.s }));
     // A write 0.1 was killed in the middle of.
     mkdirSync(join(stateDir, 'vm-t'), { mode: 0o700 });
     writeFileSync(join(stateDir, 'vm-t', '.manifest.4242.1.tmp'), '{"version":1,"id":"vm-t","tok', { mode: 0o600 });
     const holder = options.held ? inspect(options.held) : null;
-    writeFileSync(join(stateDir, '.lock'), holder ? fill01('lock-held', { PID: holder.pid, START_TICKS: holder.startTicks }) : '', { mode: 0o600 });
+    writeFileSync(
+      join(stateDir, '.lock'),
+      holder ? fill01('lock-held', { PID: holder.pid, START_TICKS: holder.startTicks }) : '',
+      { mode: 0o600 },
+    );
     const manifest = (id: string) => JSON.parse(readFileSync(join(stateDir, id, 'manifest.json'), 'utf8'));
     return { stateDir, root, pids: { a: a.pid, b: b.pid, q: q.pid, s: s.pid }, manifest };
   }
@@ -264,7 +352,12 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
       const key = id.slice(3) as 'a' | 'b';
       expect(d.manifest(id)).toEqual({ ...v1[key], version: 2 });
     }
-    expect(d.manifest('vm-s')).toMatchObject({ version: 2, state: 'running', token: v1.s.token, identity: { pid: d.pids.s } });
+    expect(d.manifest('vm-s')).toMatchObject({
+      version: 2,
+      state: 'running',
+      token: v1.s.token,
+      identity: { pid: d.pids.s },
+    });
     // Not proven, not rewritten: read as version 1 as long as it stays.
     expect(d.manifest('vm-q')).toEqual(v1.q);
     expect(Object.values(d.pids).every((p) => !isGone(p))).toBe(true);
@@ -283,7 +376,10 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
   it('a 0.1 dir whose 0.1 supervisor still runs is refused as locked, and left unstamped', async () => {
     const holder = perlSleeper([MARKER]);
     const d = dir01({ held: holder.pid });
-    await expect(Supervisor.open({ stateDir: d.stateDir })).rejects.toMatchObject({ code: 'ERR_CUSTODY_STATE_LOCKED', holderPid: holder.pid });
+    await expect(Supervisor.open({ stateDir: d.stateDir })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_STATE_LOCKED',
+      holderPid: holder.pid,
+    });
     expect(existsSync(join(d.stateDir, '.custody'))).toBe(false);
     expect(d.manifest('vm-a').version).toBe(1);
     // Once it has gone (crashed, its record left in .lock), the dir is upgraded.

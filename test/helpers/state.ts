@@ -28,8 +28,14 @@ export class NodeChild {
     const args = ['--input-type=module', '-e', script];
     // Under a shell when a limit (ulimit) must apply to the child alone.
     this.child = options.shell
-      ? cpSpawn('sh', ['-c', `${options.shell} && exec "$0" "$@"`, process.execPath, ...args], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, CUSTODY_BACKEND: backendName } })
-      : cpSpawn(process.execPath, args, { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, CUSTODY_BACKEND: backendName } });
+      ? cpSpawn('sh', ['-c', `${options.shell} && exec "$0" "$@"`, process.execPath, ...args], {
+          stdio: ['pipe', 'pipe', 'pipe'],
+          env: { ...process.env, CUSTODY_BACKEND: backendName },
+        })
+      : cpSpawn(process.execPath, args, {
+          stdio: ['pipe', 'pipe', 'pipe'],
+          env: { ...process.env, CUSTODY_BACKEND: backendName },
+        });
     this.child.stdout!.setEncoding('utf8');
     this.child.stdout!.on('data', (d: string) => {
       this.#buf += d;
@@ -61,7 +67,10 @@ export class NodeChild {
     if (queued !== undefined) return Promise.resolve(queued);
     if (this.#done) return Promise.reject(new Error(`child ${this.pid} exited: ${this.#stderr}`));
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no answer from child ${this.pid} within ${timeoutMs} ms: ${this.#stderr}`)), timeoutMs);
+      const timer = setTimeout(
+        () => reject(new Error(`no answer from child ${this.pid} within ${timeoutMs} ms: ${this.#stderr}`)),
+        timeoutMs,
+      );
       this.#waiters.push((line) => {
         clearTimeout(timer);
         if (line === null) reject(new Error(`child ${this.pid} exited: ${this.#stderr}`));

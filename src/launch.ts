@@ -16,7 +16,7 @@ import { AbortError, ConfirmTimeoutError, InvalidArgError, LaunchExitedError, Re
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';
-import { toIdentity } from './identity.js';
+import { isNoProcess, toIdentity } from './identity.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js';
 import { removeDeclaredPaths } from './paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
@@ -445,7 +445,16 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   const sid = child && !child.exitStatus ? child.pid : null;
   const others = new Map<number, ProcessHandle>();
   if (a.target && a.target !== child) others.set(a.target.pid, a.target);
-  for (const p of await backend.listProcesses()) {
+  // A table that cannot be read (EMFILE) or a carrier that cannot be pinned proves nothing gone: what is
+  // ours by birth and confirmation is still ended, then this throws and the caller keeps the state.
+  let unproven: unknown;
+  let table: Awaited<ReturnType<typeof backend.listProcesses>> = [];
+  try {
+    table = await backend.listProcesses();
+  } catch (err) {
+    unproven = err;
+  }
+  for (const p of table) {
     if (p.pid === process.pid || p.pid === 1 || p.pid === child?.pid || others.has(p.pid)) continue;
     const inSession = sid !== null && p.session === sid;
     if (!inSession && !p.argv.some((x) => x.includes(a.token))) continue;
@@ -455,8 +464,9 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
       const proven = raw.state !== 'Z' && (raw.argv.some((x) => x.includes(a.token)) || (sid !== null && raw.session === sid));
       if (proven) others.set(p.pid, new ProcessHandle(ref, { identity: null, spawned: false }));
       else ref.close();
-    } catch {
-      // gone since the scan: nothing to do
+    } catch (err) {
+      // Gone since the scan: nothing to do.
+      if (!isNoProcess(err)) unproven ??= err;
     }
   }
   const ended: number[] = [];
@@ -480,5 +490,6 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
     await child.exited;
   }
   removeDeclaredPaths(a.paths, emit, a.id);
+  if (unproven) throw unproven;
   return ended;
 }

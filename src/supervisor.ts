@@ -4,7 +4,7 @@
  * a time.
  */
 import { randomBytes } from 'node:crypto';
-import { statSync } from 'node:fs';
+import { closeSync, openSync, statSync } from 'node:fs';
 import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
@@ -123,6 +123,8 @@ export class Supervisor {
   #busy = new Set<string>();
   /** Operations that use the state dir; close() lets them finish first. */
   #pending = new Set<Promise<unknown>>();
+  #reserve = new FdReserve(RESERVE_FDS);
+  #undoing = 0;
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
@@ -165,6 +167,8 @@ export class Supervisor {
         sup.emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
       }
       const report = await sup.recover();
+      // Taken once recovery is done, so that recovery itself has every fd there is.
+      sup.#reserve.refill();
       if (options.sweep) sup.#startSweeps(options.sweep);
       return { supervisor: sup, report };
     } catch (err) {
@@ -181,6 +185,19 @@ export class Supervisor {
   async recover(): Promise<RecoveryReport> {
     this.#assertOpen();
     return this.#inFlight(recover(this));
+  }
+
+  /**
+   * Undoing a launch scans and pins processes, which takes fds; a launch that failed for want of them
+   * (EMFILE) gets the reserve's to do it with.
+   */
+  async #withRoom<T>(undo: () => Promise<T>): Promise<T> {
+    if (this.#undoing++ === 0) this.#reserve.release();
+    try {
+      return await undo();
+    } finally {
+      if (--this.#undoing === 0) this.#reserve.refill();
+    }
   }
 
   #inFlight<T>(p: Promise<T>): Promise<T> {
@@ -254,7 +271,9 @@ export class Supervisor {
           return await this.#attempt(spec, n);
         } catch (err) {
           lastError = err;
-          if (err instanceof AbortError || err instanceof InvalidArgError || this.#closed) throw err;
+          // Deferred: an attempt not proven undone; its state waits for recover(), not for another attempt.
+          const deferred = this.table.get(id)?.status === 'deferred';
+          if (err instanceof AbortError || err instanceof InvalidArgError || this.#closed || deferred) throw err;
           if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
         }
       }
@@ -352,7 +371,17 @@ export class Supervisor {
       this.emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
-      const ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.emit);
+      let ended: number[];
+      try {
+        ended = await this.#withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, this.emit));
+      } catch (undoErr) {
+        // What is ours by birth and confirmation has ended, but the rest could not be searched (EMFILE):
+        // the starting manifest stays, and the id waits for recover() to search its token.
+        this.defer(spec.id, undoErr as Error);
+        const why = (undoErr as Error).message;
+        this.emit('warning', { id: spec.id, message: `attempt ${attemptNo} could not be proven undone (${why}); its state stays until recover()` });
+        throw err;
+      }
       // State goes only now: every process of the attempt is proven gone.
       await this.#removeState(spec.id);
       this.emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
@@ -606,6 +635,7 @@ export class Supervisor {
   }
 
   #closeAll(): void {
+    this.#reserve.release();
     for (const t of this.table.values()) t.handle?.close();
     this.store.close();
   }
@@ -622,6 +652,34 @@ export class Supervisor {
 function liveParent(pid: number, startTicks: number | undefined): number | null {
   const st = backend.stat(pid);
   return st && st.startTicks === startTicks ? st.ppid : null;
+}
+
+/** Enough for a process-table scan and a pin (a dir, a stat, a cmdline, a pidfd). */
+const RESERVE_FDS = 4;
+
+/** Fds held (on /dev/null) so that undoing a launch can run when the fd table is otherwise full. */
+class FdReserve {
+  #fds: number[] = [];
+  readonly #size: number;
+
+  constructor(size: number) {
+    this.#size = size;
+  }
+
+  /** Takes back what it can; fewer when the table is still full, and the next refill tries again. */
+  refill(): void {
+    while (this.#fds.length < this.#size) {
+      try {
+        this.#fds.push(openSync('/dev/null', 'r'));
+      } catch {
+        return;
+      }
+    }
+  }
+
+  release(): void {
+    for (const fd of this.#fds.splice(0)) closeSync(fd);
+  }
 }
 
 function notFound(id: string, status?: InstanceStatus, wanted = 'running or exited'): CustodyError {

@@ -37,6 +37,16 @@ afterEach(async () => {
 });
 
 const sleeperArgs = (t: string) => ['-e', 'sleep 300', t, MARKER];
+
+/** Runs an ES module body in a Node child of its own whose fd limit is 64 (this worker keeps its fds); its last line. */
+async function underFdLimit(script: string, timeoutMs: number) {
+  const { stdout } = await promisify(execFile)(
+    'sh',
+    ['-c', 'ulimit -n 64 && exec "$0" --input-type=module -e "$1"', process.execPath, script],
+    { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: timeoutMs },
+  );
+  return JSON.parse(stdout.trim().split('\n').pop() ?? 'null');
+}
 const warnings = (events: CustodyEvent[]) => events.filter((e) => e.type === 'warning');
 
 /** A supervisor on a fresh state dir; `reopen` closes it and opens the dir again, as an agent restarting. */
@@ -348,15 +358,7 @@ describe(`writes that fail (${backend.name})`, () => {
       const list = supervisor.list();
       await supervisor.close();
       console.log(JSON.stringify({ codes, steps, warnings: [...warnings], launched, list, left: readdirSync(${JSON.stringify(stateDir)}).filter((n) => !/^\\.(custody|logs|lock(\\.\\d+)?)$/.test(n)) }));`;
-    const { stdout } = await promisify(execFile)(
-      'sh',
-      ['-c', 'ulimit -n 64 && exec "$0" --input-type=module -e "$1"', process.execPath, script],
-      {
-        env: { ...process.env, CUSTODY_BACKEND: backend.name },
-        timeout: 170_000,
-      },
-    );
-    const r = JSON.parse(stdout.trim().split('\n').pop()!);
+    const r = await underFdLimit(script, 170_000);
     console.log(
       `${backend.name}: 1000 launches at the fd limit: ${JSON.stringify(r.codes)}, ${r.launched} got through (and were stopped); events ${JSON.stringify(r.steps)}; warnings ${JSON.stringify(r.warnings)}`,
     );
@@ -367,6 +369,30 @@ describe(`writes that fail (${backend.name})`, () => {
     expect(failed + r.launched).toBe(1000);
     expect(r.codes.EMFILE).toBeGreaterThanOrEqual(500);
     expect(r.steps.abandon).toBeGreaterThan(0);
+    expect(processesWithMarker(MARKER)).toEqual([]);
+  });
+  it('an attempt undone with no fd to scan with still ends what is its own, and says the rest is unproven', async () => {
+    const dir = tmpDir('custody-undo-');
+    cleanups.push(() => dir.cleanup());
+    // abandon() itself, in a child whose fd table is then filled: the child it spawned must end all the same.
+    const script = `
+      const { openSync, closeSync } = await import('node:fs');
+      const { spawn } = await import(${JSON.stringify(DIST)});
+      const { abandon } = await import(${JSON.stringify(join(DIST, '..', 'launch.js'))});
+      const token = 'f'.repeat(32);
+      const child = spawn(${JSON.stringify(PERL)}, ['-e', 'sleep 300', token, ${JSON.stringify(MARKER)}], { stdio: 'ignore', detached: true });
+      const a = { id: 'undo', token, argv: [], expect: [], executable: null, paths: [], pidSpec: 'child', launcherExits: true,
+        child, target: child, identity: null, stderrTail: () => undefined };
+      const hoard = [];
+      try { for (;;) hoard.push(openSync('/dev/null', 'r')); } catch (e) { if (e.code !== 'EMFILE') throw e; }
+      let error = null;
+      try { await abandon(a, 500, () => {}); } catch (e) { error = e.code; }
+      for (const fd of hoard) closeSync(fd);
+      console.log(JSON.stringify({ error, pid: child.pid, exit: child.exitStatus ?? null }));`;
+    const r = await underFdLimit(script, 60_000);
+    expect(r.error).toBe('EMFILE');
+    expect(r.exit).toMatchObject({ signal: 'SIGTERM' });
+    expect(isGone(r.pid)).toBe(true);
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 });

@@ -68,7 +68,12 @@ export interface SupervisorOptions {
 }
 
 export interface StopOptions {
-  /** Stop the instance's whole process tree, every member through its own pidfd. */
+  /**
+   * Stop the instance, not just its main process (default true): every
+   * member (its descendants, and the session custody created for it) is
+   * pinned and signalled through its own pidfd, rescanned until none is left
+   * after SIGKILL. false: the main process only.
+   */
   tree?: boolean;
   /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
   graceMs?: number;
@@ -109,10 +114,10 @@ interface Tracked {
 
 export class Supervisor {
   readonly stateDir: string;
-  /** @internal */ readonly store: StateStore;
-  /** @internal */ readonly emit: Emit;
-  /** @internal */ readonly options: SupervisorOptions;
-  /** @internal */ readonly table = new Map<string, Tracked>();
+  readonly #store: StateStore;
+  readonly #emit: Emit;
+  readonly #options: SupervisorOptions;
+  readonly #table = new Map<string, Tracked>();
   #busy = new Set<string>();
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
@@ -120,13 +125,13 @@ export class Supervisor {
   #logs: InstanceLogs;
 
   private constructor(options: SupervisorOptions, store: StateStore) {
-    this.options = options;
+    this.#options = options;
     this.stateDir = options.stateDir;
-    this.store = store;
-    this.emit = emitter(options.onEvent);
+    this.#store = store;
+    this.#emit = emitter(options.onEvent);
     this.#logs = new InstanceLogs(options.stateDir, {
-      report: (type, fields) => this.emit(type, fields),
-      live: () => [...this.table.keys(), ...this.store.ids()],
+      report: (type, fields) => this.#emit(type, fields),
+      live: () => [...this.#table.keys(), ...this.#store.ids()],
     });
   }
 
@@ -151,7 +156,7 @@ export class Supervisor {
     const sup = new Supervisor(options, store);
     try {
       if (options.subreaper && !backend.setChildSubreaper(true)) {
-        sup.emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
+        sup.#emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
       }
       const report = await sup.recover();
       if (options.sweep) sup.#startSweeps(options.sweep);
@@ -169,40 +174,50 @@ export class Supervisor {
    */
   async recover(): Promise<RecoveryReport> {
     this.#assertOpen();
-    return recover(this);
+    return recover({
+      store: this.#store,
+      emit: this.#emit,
+      allowUnprovable: this.#options.allowUnprovable === true,
+      wants: (id) => {
+        const t = this.#table.get(id);
+        return !t || t.status === 'deferred';
+      },
+      adopt: (m, h) => void this.#track(m, h),
+      quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
+      defer: (id, err) => this.#defer(id, err),
+    });
   }
 
-  /** @internal: registers an adopted or launched process and watches its exit. */
-  track(manifest: Manifest, handle: ProcessHandle): Instance {
+  /** Registers an adopted or launched process and watches its exit. */
+  #track(manifest: Manifest, handle: ProcessHandle): Instance {
     const identity = manifest.identity!;
     const instance: Instance = { id: manifest.id, pid: handle.pid, token: manifest.token, identity, exited: handle.exited };
     const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance };
-    this.table.set(manifest.id, t);
-    if (!this.options.keepAlive) handle.unref();
+    this.#table.set(manifest.id, t);
+    if (!this.#options.keepAlive) handle.unref();
     void handle.exited.then((status) => this.#onExit(t, status));
     void this.#logs.watch(manifest.id, handle.gone);
     return instance;
   }
 
-  /** @internal */
-  quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
-    this.table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
+  #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
+    this.#table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
   }
 
-  /** @internal: recovery could not decide this id now; launch and stop refuse it until a later recover() does. */
-  defer(id: string, error: Error): void {
-    this.table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error });
+  /** Recovery (or a failed abandon) could not decide this id now; launch and stop refuse it until a later recover() does. */
+  #defer(id: string, error: Error): void {
+    this.#table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error });
   }
 
   #onExit(t: Tracked, status: ExitStatus): void {
-    if (this.table.get(t.id) !== t || t.stopping || this.#closed) return;
+    if (this.#table.get(t.id) !== t || t.stopping || this.#closed) return;
     t.status = 'exited';
     t.exit = status;
-    this.emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
+    this.#emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
     // Proven gone (its pidfd said so): stale sockets and state go with it.
     if (t.manifest) removePaths(t.manifest.paths);
-    this.store.remove(t.id).catch((err: unknown) => {
-      this.emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
+    this.#store.remove(t.id).catch((err: unknown) => {
+      this.#emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
     });
   }
 
@@ -211,16 +226,16 @@ export class Supervisor {
     this.#assertOpen();
     validateSpec(spec);
     const { id } = spec;
-    const existing = this.table.get(id);
+    const existing = this.#table.get(id);
     if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
     if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);
     if (this.#busy.has(id) || existing?.status === 'running' || existing?.status === 'starting') {
       throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing?.status ?? 'launching'}`);
     }
     this.#busy.add(id);
-    if (existing?.status === 'exited') this.table.delete(id);
+    if (existing?.status === 'exited') this.#table.delete(id);
     const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null };
-    this.table.set(id, placeholder);
+    this.#table.set(id, placeholder);
     try {
       const attempts = spec.attempts ?? 1;
       let lastError: unknown;
@@ -231,13 +246,13 @@ export class Supervisor {
         } catch (err) {
           lastError = err;
           if (err instanceof AbortError || err instanceof InvalidArgError || this.#closed) throw err;
-          if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
+          if (n < attempts) this.#emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
         }
       }
       throw lastError;
     } finally {
       this.#busy.delete(id);
-      if (this.table.get(id) === placeholder) this.table.delete(id);
+      if (this.#table.get(id) === placeholder) this.#table.delete(id);
     }
   }
 
@@ -269,6 +284,7 @@ export class Supervisor {
       expect: spec.expect ?? [],
       paths: [...new Set(paths)],
       executable: spec.executable ?? null,
+      uid: spec.uid ?? null,
       pidSource: pidSpec === 'child' ? 'child' : typeof pidSpec === 'function' ? 'function' : 'file',
       pidFile,
       createdAt: now,
@@ -279,7 +295,10 @@ export class Supervisor {
     const a: Attempt = {
       id: spec.id,
       token,
+      command: spec.command,
       argv,
+      uid: spec.uid ?? null,
+      session: null,
       expect: manifest.expect,
       executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
       paths: manifest.paths,
@@ -297,41 +316,52 @@ export class Supervisor {
     const logs = this.#logs.prepare(spec.id, logged ? spec.logs : false);
     // Written, and fsync'd, before anything is spawned: a supervisor killed
     // from here on leaves a record recovery can find the process by.
-    await this.store.write(manifest);
-    this.emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
+    await this.#store.write(manifest);
+    this.#emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
       startChild(a, spec, logs);
-      this.emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
+      this.#emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
       const deadline = Date.now() + confirmTimeoutMs;
       const pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
-      this.emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
+      this.#emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
       const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
       if (spec.ready) {
         const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
         await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
-        this.emit('ready', { id: spec.id, pid, message: 'ready' });
+        this.#emit('ready', { id: spec.id, pid, message: 'ready' });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
-      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, updatedAt: new Date().toISOString() };
-      await this.store.write(running);
+      // The session is recorded only while the target is in it: stop and recovery then count its members.
+      const session = a.session !== null && a.identity!.session === a.session ? a.session : null;
+      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, session, updatedAt: new Date().toISOString() };
+      await this.#store.write(running);
       if (a.child !== a.target) {
         // The launcher is ours to reap whenever it ends; it holds nothing.
         a.child!.unref();
         a.child!.close();
       }
-      const tracked = this.track(running, a.target!);
-      this.emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
+      const tracked = this.#track(running, a.target!);
+      this.#emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
-      const ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.emit);
+      let ended: number[];
+      try {
+        ended = await abandon(a, spec.abandonGraceMs ?? 2000, this.#emit);
+      } catch (abandonErr) {
+        // Something of the attempt would not die: its manifest stays, for a
+        // later recover() to decide; until then the id is refused.
+        this.#emit('warning', { id: spec.id, message: `abandon of ${spec.id} failed (${(abandonErr as Error).message}); its manifest is kept` });
+        this.#defer(spec.id, abandonErr as Error);
+        throw err;
+      }
       // State goes only now: every process of the attempt is proven gone.
-      await this.store.remove(spec.id);
-      this.emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
+      await this.#store.remove(spec.id);
+      this.#emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
       throw err;
     }
   }
@@ -343,7 +373,7 @@ export class Supervisor {
   async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
     this.#assertOpen();
     assertId(id);
-    const t = this.table.get(id);
+    const t = this.#table.get(id);
     if (!t || t.status === 'starting') throw notFound(id, t?.status);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
@@ -370,13 +400,13 @@ export class Supervisor {
       if (!(err instanceof AbortError)) throw err;
       // Abort means "force it now": KILL, a bounded wait until it is gone
       // (StopTimeoutError if it outlives that), and only then the AbortError.
-      await (options.tree ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true }) : forceEnd(h));
-      await this.store.remove(t.id);
+      await (options.tree !== false ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session }) : forceEnd(h));
+      await this.#store.remove(t.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
       this.#stopped(t, h, killed, 'stop aborted: ended with SIGKILL; state removed');
       throw err;
     }
-    await this.store.remove(t.id);
+    await this.#store.remove(t.id);
     const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
     this.#stopped(t, h, result, `stopped (${how}); state removed`);
     return result;
@@ -386,13 +416,13 @@ export class Supervisor {
   #stopped(t: Tracked, h: ProcessHandle, result: StopResult, message: string): void {
     h.close();
     if (t.manifest) removePaths(t.manifest.paths);
-    if (this.table.get(t.id) === t) this.table.delete(t.id);
-    this.emit('stop', { id: t.id, pid: h.pid, ...result, message });
+    if (this.#table.get(t.id) === t) this.#table.delete(t.id);
+    this.#emit('stop', { id: t.id, pid: h.pid, ...result, message });
   }
 
   async #end(t: Tracked, h: ProcessHandle, options: StopOptions & { graceMs: number }): Promise<StopResult> {
     const emitEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
-      this.emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
+      this.#emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
     if (t.status === 'exited' || h.exitStatus) {
       const st = t.exit ?? h.exitStatus ?? { code: null, signal: null };
       return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
@@ -406,7 +436,7 @@ export class Supervisor {
         () => gone,
         (err: unknown) => {
           const why = (err as Error)?.message ?? String(err);
-          this.emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
+          this.#emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
           return 'failed' as const;
         },
       );
@@ -418,17 +448,19 @@ export class Supervisor {
         ac.abort(new Error(r === TIMED_OUT ? 'graceful stop timed out' : 'graceful stop is over'));
       }
       if (r === TIMED_OUT) {
-        this.emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
+        this.#emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
       }
       const termOptions = { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate };
-      const result = options.tree
-        ? await terminateTree(h, { ...termOptions, reapIfChild: true })
-        : await terminate(h, termOptions);
+      const result: StopResult =
+        options.tree !== false
+          ? (({ members: _m, ...r }) => r)(await terminateTree(h, { ...termOptions, reapIfChild: true, session: t.manifest?.session }))
+          : await terminate(h, termOptions);
       return r === 'gone' ? { ...result, outcome: 'exited' } : result;
     }
-    if (options.tree) {
+    if (options.tree !== false) {
       const { graceMs, signal } = options;
-      return terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true });
+      const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true, session: t.manifest?.session });
+      return result;
     }
     return terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
   }
@@ -441,7 +473,7 @@ export class Supervisor {
   async sweep(options: SweepOptions): Promise<SweepResult> {
     this.#assertOpen();
     validateSweep(options);
-    const tracked = [...this.table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
+    const tracked = [...this.#table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
     const exclude = new Set([...(options.exclude ?? []), ...tracked]);
     const result = await sweep({ ...options, exclude });
     this.#reportSweep(options, result);
@@ -452,7 +484,7 @@ export class Supervisor {
     const pids = (l: ProcessIdentity[]) => l.map((i) => i.pid);
     if (r.matched.length === 0) return;
     const argv = validateSweep(options);
-    this.emit('sweep', {
+    this.#emit('sweep', {
       argv,
       dryRun: options.dryRun === true,
       matched: pids(r.matched),
@@ -461,8 +493,8 @@ export class Supervisor {
       survivors: pids(r.survivors),
       message: `${options.dryRun ? 'would end' : 'ended'} ${r.matched.length} orphan(s) matching ${JSON.stringify(argv.map(displayArg)).slice(0, 120)}`,
     });
-    if (r.killed.length) this.emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
-    if (r.survivors.length) this.emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
+    if (r.killed.length) this.#emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
+    if (r.survivors.length) this.#emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
   }
 
   #startSweeps(config: { intervalMs: number; patterns: SweepOptions[] }): void {
@@ -474,7 +506,7 @@ export class Supervisor {
           try {
             await this.sweep(pattern);
           } catch (err) {
-            this.emit('warning', { message: `periodic sweep failed: ${(err as Error).message}` });
+            this.#emit('warning', { message: `periodic sweep failed: ${(err as Error).message}` });
           }
         }
       })().finally(() => (this.#sweeping = false));
@@ -486,16 +518,16 @@ export class Supervisor {
   remove(id: string): void {
     this.#assertOpen();
     assertId(id);
-    const t = this.table.get(id);
+    const t = this.#table.get(id);
     if (!t) throw notFound(id);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status !== 'exited') throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is ${t.status}; stop() it instead`);
-    this.table.delete(id);
+    this.#table.delete(id);
   }
 
   /** Every instance with its status; a quarantined one never hides the others. */
   list(): InstanceInfo[] {
-    return [...this.table.values()].map((t) => {
+    return [...this.#table.values()].map((t) => {
       const pid = t.handle?.pid ?? t.manifest?.identity?.pid ?? null;
       // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
       const ppid = t.status === 'running' && t.handle && !t.handle.hasExited ? liveParent(t.handle.pid, t.manifest?.identity?.startTicks) : null;
@@ -509,7 +541,7 @@ export class Supervisor {
 
   /** The instance record of a running id. */
   get(id: string): Instance | undefined {
-    return this.table.get(id)?.instance ?? undefined;
+    return this.#table.get(id)?.instance ?? undefined;
   }
 
   /**
@@ -519,11 +551,11 @@ export class Supervisor {
   async release(id: string): Promise<void> {
     this.#assertOpen();
     assertId(id);
-    const t = this.table.get(id);
+    const t = this.#table.get(id);
     if (!t || t.status !== 'quarantined') throw notFound(id, t?.status, 'quarantined');
-    await this.store.remove(id);
-    this.table.delete(id);
-    this.emit('release', { id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled` });
+    await this.#store.remove(id);
+    this.#table.delete(id);
+    this.#emit('release', { id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled` });
   }
 
   /** Releases the lock and the pidfds; supervised processes keep running (their children are still reaped if they exit while we run). */
@@ -536,8 +568,8 @@ export class Supervisor {
   }
 
   #releaseAll(): void {
-    for (const t of this.table.values()) t.handle?.close();
-    this.store.unlock();
+    for (const t of this.#table.values()) t.handle?.close();
+    this.#store.unlock();
   }
 
   #assertOpen(): void {

@@ -12,7 +12,8 @@ import { readFileSync, statSync, readdirSync } from 'node:fs';
 import { hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, readStatOf } from './procview.js';
+import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
+import { UnprovenPidRef } from './unproven.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -365,6 +366,18 @@ export class JsBackend implements Backend {
 
   stat(pid: number): StatFields | null {
     return readStatOf(pid);
+  }
+
+  children(pid: number): number[] {
+    return childrenOf(pid);
+  }
+
+  sessionMembers(session: number): number[] {
+    return sessionMembersOf(session);
+  }
+
+  unproven(pid: number): PidRef {
+    return new UnprovenPidRef(pid);
   }
 
   bootId(): string {

@@ -9,7 +9,8 @@ import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
 import { parseStatusField, type StatFields } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
-import { assertOwnProc, readStatOf } from './procview.js';
+import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
+import { UnprovenPidRef } from './unproven.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -279,6 +280,18 @@ export class NativeBackend implements Backend {
 
   stat(pid: number): StatFields | null {
     return readStatOf(pid);
+  }
+
+  children(pid: number): number[] {
+    return childrenOf(pid);
+  }
+
+  sessionMembers(session: number): number[] {
+    return sessionMembersOf(session);
+  }
+
+  unproven(pid: number): PidRef {
+    return new UnprovenPidRef(pid);
   }
 
   bootId(): string {

@@ -102,6 +102,15 @@ export interface Backend {
   bootId(): string;
   /** /proc/<pid>/stat, parsed; null when there is no such process. A cheap read for display, never proof. */
   stat(pid: number): StatFields | null;
+  /** The pids of a process's children ([] when it is gone). A listing, not proof: each is pinned and re-checked. */
+  children(pid: number): number[];
+  /** The pids in a session (by stat's session field). A listing, not proof: each is pinned and re-checked. */
+  sessionMembers(session: number): number[];
+  /**
+   * A reference for a process whose identity cannot be proven (off Linux,
+   * allowUnprovable): signals by pid, polls liveness by signal 0.
+   */
+  unproven(pid: number): PidRef;
   spawn(req: SpawnRequest): SpawnedChild;
   /** Scans the process table (off the event loop on the native backend). */
   listProcesses(procRoot?: string): Promise<ProcEntry[]>;

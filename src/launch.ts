@@ -310,7 +310,7 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     // argv. A pid a launcher or a function reported must pass the ownership
     // rule on its own marks (token, program, uid; never the launcher's fork).
     // (A child exec'ing through a wrapper must still reach `executable`.)
-    const verdict = pid === child.pid ? null : judge(claimOf(a), live);
+    const verdict = pid === child.pid ? null : judge(claimOf(a), live, undefined, true);
     if (verdict && !verdict.ours && PERMANENT.has(verdict.why)) {
       pinned.ref.close();
       throw new NotOursError(a.id, pid, describeRejection(pid, verdict.why));

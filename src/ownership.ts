@@ -46,7 +46,19 @@ export interface Members {
   session?: number | null;
 }
 
-export type Rejection = 'init' | 'self' | 'ancestor' | 'gone' | 'namespace' | 'uid' | 'token' | 'expect' | 'exe' | 'argv' | 'launcher';
+export type Rejection =
+  | 'init'
+  | 'self'
+  | 'ancestor'
+  | 'gone'
+  | 'namespace'
+  | 'uid'
+  | 'token'
+  | 'expect'
+  | 'exe'
+  | 'argv'
+  | 'launcher'
+  | 'program';
 export type Judgement = { ours: true; by: 'descent' | 'session' | 'token' } | { ours: false; why: Rejection };
 
 const sameFile = (a: DevIno | null | undefined, b: DevIno | null | undefined) => !!a && !!b && a.dev === b.dev && a.ino === b.ino;
@@ -87,7 +99,7 @@ function sameArgv(a: readonly string[], b: readonly string[]): boolean {
 }
 
 /** Rules 1 and 3 without descent: is this live process the instance's target by its own marks? */
-function byToken(claim: Claim, live: ProcessIdentity): Judgement {
+function byToken(claim: Claim, live: ProcessIdentity, reported: boolean): Judgement {
   const ours = process.getuid?.();
   if (live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
   if (ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
@@ -102,15 +114,20 @@ function byToken(claim: Claim, live: ProcessIdentity): Judgement {
   if (sameFile(live.exe, claim.launcherExe) && !(program && 'exe' in program && sameFile(program.exe, claim.launcherExe))) {
     return { ours: false, why: 'launcher' };
   }
+  // Without a program to compare, the token alone is a name anyone can
+  // carry: only a pid the launch itself was handed (a pidfile, a pid
+  // function) may be taken on it.
+  if (!program && !reported) return { ours: false, why: 'program' };
   return { ours: true, by: 'token' };
 }
 
 /**
  * Judges one live process, read under a pin the caller holds. `members`
  * enables the descent rule (for a tree, an abandon, a reap); without it only
- * the process's own marks count (for choosing a target).
+ * the process's own marks count (for choosing a target). `reported`: the
+ * pid came from the launch's own pid source (pidfile, pid function).
  */
-export function judge(claim: Claim, live: ProcessIdentity, members?: Members): Judgement {
+export function judge(claim: Claim, live: ProcessIdentity, members?: Members, reported = false): Judgement {
   const guarded = protectedPid(live.pid);
   if (guarded) return { ours: false, why: guarded };
   if (dead(live.state)) return { ours: false, why: 'gone' };
@@ -118,7 +135,7 @@ export function judge(claim: Claim, live: ProcessIdentity, members?: Members): J
     if (members.pids.has(live.ppid)) return { ours: true, by: 'descent' };
     if (members.session != null && live.session === members.session) return { ours: true, by: 'session' };
   }
-  return byToken(claim, live);
+  return byToken(claim, live, reported);
 }
 
 /** A member by descent or session only (processes that carry no token of their own). */
@@ -141,6 +158,7 @@ export function describeRejection(pid: number, why: Rejection): string {
     exe: 'it runs another executable',
     argv: 'its argv is not the launched argv',
     launcher: "it still runs the launcher's program (a fork before exec)",
+    program: 'the launch named no executable to prove it by (give LaunchSpec.executable)',
   };
   return `pid ${pid} is not taken for the instance: ${text[why]}`;
 }

@@ -241,7 +241,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     // not us or an ancestor). A mismatch is re-proved by the token and the
     // declared paths in its live argv and the executable; start ticks are never repaired.
     const claim: Claim = { ...targetClaim(m), program: fileId(m.executable) ? { exe: fileId(m.executable)! } : null, launcherExe: null };
-    const j = judge(claim, l.identity);
+    // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
+    const j = judge(claim, l.identity, undefined, true);
     if (!j.ours) {
       l.handle.close();
       const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' ? 'mismatch' : 'unprovable';
@@ -315,7 +316,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const pid = readPidfile(m.pidFile);
       if (pid === null) return null;
       const p = pin(pid);
-      if (p && judge(claim, p.identity).ours) return p;
+      if (p && judge(claim, p.identity, undefined, true).ours) return p;
       p?.handle.close();
       return null;
     }
@@ -338,7 +339,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   }
 
   function reject(m: Manifest, pid: number, j: Judgement): void {
-    if (j.ours || j.why === 'gone' || j.why === 'launcher' || j.why === 'exe' || j.why === 'argv') return;
+    if (j.ours || j.why === 'gone' || j.why === 'launcher') return;
     emit('warning', { id: m.id, pid, reason: j.why, message: `recovery of ${m.id}: ${describeRejection(pid, j.why)}` });
   }
 

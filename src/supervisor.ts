@@ -119,6 +119,8 @@ export class Supervisor {
   readonly #options: SupervisorOptions;
   readonly #table = new Map<string, Tracked>();
   #busy = new Set<string>();
+  /** Whether this supervisor holds a reference on the process's subreaper flag. */
+  #subreaper = false;
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
@@ -155,7 +157,7 @@ export class Supervisor {
     store.lock();
     const sup = new Supervisor(options, store);
     try {
-      if (options.subreaper && !backend.setChildSubreaper(true)) {
+      if (options.subreaper && !(sup.#subreaper = acquireSubreaper())) {
         sup.#emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
       }
       const report = await sup.recover();
@@ -568,6 +570,10 @@ export class Supervisor {
   }
 
   #releaseAll(): void {
+    if (this.#subreaper) {
+      this.#subreaper = false;
+      releaseSubreaper();
+    }
     for (const t of this.#table.values()) t.handle?.close();
     this.#store.unlock();
   }
@@ -584,6 +590,26 @@ export class Supervisor {
 function liveParent(pid: number, startTicks: number | undefined): number | null {
   const st = backend.stat(pid);
   return st && st.startTicks === startTicks ? st.ppid : null;
+}
+
+/**
+ * PR_SET_CHILD_SUBREAPER is process-wide: supervisors share it, counted, and
+ * the last one that asked turns it off again, if it was off before the first.
+ */
+let subreaperHolders = 0;
+let subreaperWasOn = false;
+
+function acquireSubreaper(): boolean {
+  if (subreaperHolders === 0) {
+    subreaperWasOn = backend.childSubreaper() === true;
+    if (!subreaperWasOn && !backend.setChildSubreaper(true)) return false;
+  }
+  subreaperHolders++;
+  return true;
+}
+
+function releaseSubreaper(): void {
+  if (--subreaperHolders === 0 && !subreaperWasOn) backend.setChildSubreaper(false);
 }
 
 function notFound(id: string, status?: InstanceStatus, wanted = 'running or exited'): CustodyError {

@@ -13,6 +13,7 @@ import type { RawIdentity } from './backend/types.js';
 import { InvalidArgError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
+import { protectedPid } from './ownership.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ProcessIdentity } from './types.js';
 import { argvOf, assertDuration } from './validate.js';
@@ -90,7 +91,8 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
     } else exeBase = options.executable;
   }
   const matches = (p: { pid: number; argv: string[]; uid: number; state?: string }, raw?: RawIdentity) => {
-    if (p.pid === 1 || p.pid === process.pid || exclude.has(p.pid)) return false;
+    // Never pid 1, ourselves or an ancestor (`custody sweep --exact -- bash` typed in bash).
+    if (protectedPid(p.pid) || exclude.has(p.pid)) return false;
     if (p.state === 'Z' || p.uid !== uid || !sameArgv(p.argv, argv)) return false;
     if (exeBase !== null && basename(p.argv[0] ?? '') !== exeBase) return false;
     if (exe !== null && raw !== undefined && !(raw.exe && raw.exe.dev === exe.dev && raw.exe.ino === exe.ino)) return false;

@@ -355,6 +355,10 @@ export class JsBackend implements Backend {
     throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), { code: 'EAGAIN', syscall: 'read' });
   }
 
+  childSubreaper(): null {
+    return null;
+  }
+
   setChildSubreaper(): boolean {
     return false;
   }

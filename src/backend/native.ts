@@ -273,6 +273,10 @@ export class NativeBackend implements Backend {
     }
   }
 
+  childSubreaper(): boolean {
+    return this.#addon.getChildSubreaper();
+  }
+
   setChildSubreaper(on: boolean): boolean {
     this.#addon.setChildSubreaper(on);
     return true;

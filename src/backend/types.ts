@@ -99,6 +99,8 @@ export interface Backend {
   inspectPinned(pid: number, options?: { reapIfChild?: boolean }): { raw: RawIdentity; ref: PidRef };
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
+  /** Whether this process is a child subreaper now; null where the backend cannot tell. */
+  childSubreaper(): boolean | null;
   bootId(): string;
   /** /proc/<pid>/stat, parsed; null when there is no such process. A cheap read for display, never proof. */
   stat(pid: number): StatFields | null;

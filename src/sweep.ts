@@ -100,14 +100,15 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
   };
 
   const pinned: Array<{ identity: ProcessIdentity; handle: ProcessHandle }> = [];
-  for (const p of await backend.listProcesses()) {
-    // The scan's uid is only the owner of /proc/<pid>: the real uid is checked under the pin.
-    if (!matches({ ...p, uid })) continue;
+  // Argv first: only cmdline is read for every process (compared as bytes);
+  // everything else, and the real uid, only for the candidates, under a pin.
+  for (const pid of await backend.matchArgv(argv)) {
+    if (!matches({ pid, argv, uid })) continue;
     try {
-      const { raw, ref } = backend.inspectPinned(p.pid);
+      const { raw, ref } = backend.inspectPinned(pid);
       // The scan proves nothing; the pinned read does.
-      if (matches({ pid: p.pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
-        pinned.push({ identity: toIdentity(p.pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) });
+      if (matches({ pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
+        pinned.push({ identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) });
       } else ref.close();
     } catch (err) {
       // Exited since the scan; anything else (EMFILE) is no answer and is thrown.

@@ -303,6 +303,11 @@ export class NativeBackend implements Backend {
     return (this.#bootId ??= this.#addon.readBootId());
   }
 
+  async matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]> {
+    assertOwnProc(procRoot);
+    return this.#addon.matchArgv(procRoot, argv);
+  }
+
   async listProcesses(procRoot?: string): Promise<ProcEntry[]> {
     assertOwnProc(procRoot);
     const flat = await this.#addon.listProcesses(procRoot);

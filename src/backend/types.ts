@@ -114,6 +114,12 @@ export interface Backend {
    */
   unproven(pid: number): PidRef;
   spawn(req: SpawnRequest): SpawnedChild;
+  /**
+   * The pids whose argv is exactly `argv`, compared as bytes, reading only
+   * cmdline (off the event loop on the native backend). Candidates, not
+   * proof: each is inspected under a pin. Exhaustion is thrown.
+   */
+  matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]>;
   /** Scans the process table (off the event loop on the native backend). */
   listProcesses(procRoot?: string): Promise<ProcEntry[]>;
   /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */

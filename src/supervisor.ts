@@ -28,6 +28,7 @@ import { sweep, validateSweep, type SweepOptions, type SweepResult } from './swe
 import { terminateTree } from './tree.js';
 import { backend } from './backend/index.js';
 import { assertOwnProc } from './backend/procview.js';
+import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
 import { displayArg } from './bytes.js';
 import type { ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
@@ -121,6 +122,14 @@ export class Supervisor {
   #busy = new Set<string>();
   /** Whether this supervisor holds a reference on the process's subreaper flag. */
   #subreaper = false;
+  /** The sessions its running instances' members are in, for the subreaper's reaping. */
+  readonly #sessions = () => {
+    const running = [...this.#table.values()].filter((t) => t.status === 'running' && t.manifest?.identity);
+    return {
+      sessions: running.flatMap((t) => [t.manifest!.session ?? 0, t.manifest!.identity!.session ?? 0]),
+      pids: running.flatMap((t) => (t.handle ? [t.handle.pid] : [])),
+    };
+  };
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
@@ -157,7 +166,8 @@ export class Supervisor {
     store.lock();
     const sup = new Supervisor(options, store);
     try {
-      if (options.subreaper && !(sup.#subreaper = acquireSubreaper())) {
+      if (options.subreaper && (sup.#subreaper = acquireSubreaper())) addReaperSource(sup.#sessions);
+      if (options.subreaper && !sup.#subreaper) {
         sup.#emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
       }
       const report = await sup.recover();
@@ -348,6 +358,8 @@ export class Supervisor {
         a.child!.close();
       }
       const tracked = this.#track(running, a.target!);
+      // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
+      this.#reap();
       this.#emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
@@ -414,8 +426,24 @@ export class Supervisor {
     return result;
   }
 
+  /** Members re-parented to us (as subreaper) that the instance's tree no longer reaches. */
+  #orphansOf(t: Tracked): ProcessHandle[] {
+    const session = t.manifest?.identity?.session;
+    return this.#subreaper && session ? orphansInSession(session) : [];
+  }
+
+  #reap(): void {
+    if (!this.#subreaper) return;
+    try {
+      reapMembers();
+    } catch (err) {
+      this.#emit('warning', { message: `subreaper: could not look for orphans to reap now (${(err as Error).message}); the next SIGCHLD retries` });
+    }
+  }
+
   /** Proven gone: the pin, the declared paths, the entry go; the stop event says how. */
   #stopped(t: Tracked, h: ProcessHandle, result: StopResult, message: string): void {
+    this.#reap();
     h.close();
     if (t.manifest) removePaths(t.manifest.paths);
     if (this.#table.get(t.id) === t) this.#table.delete(t.id);
@@ -461,7 +489,7 @@ export class Supervisor {
     }
     if (options.tree !== false) {
       const { graceMs, signal } = options;
-      const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true, session: t.manifest?.session });
+      const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true, session: t.manifest?.session, also: this.#orphansOf(t) });
       return result;
     }
     return terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
@@ -572,6 +600,7 @@ export class Supervisor {
   #releaseAll(): void {
     if (this.#subreaper) {
       this.#subreaper = false;
+      removeReaperSource(this.#sessions);
       releaseSubreaper();
     }
     for (const t of this.#table.values()) t.handle?.close();

@@ -60,6 +60,8 @@ export function descendants(pid: number, options: { reapIfChild?: boolean } = {}
 }
 
 export interface MembersOptions {
+  /** More proven members to end with the roots (pinned by the caller). */
+  also?: ProcessHandle[];
   /** The session custody created for the instance (its leader's pid), whose every process is a member. */
   session?: number | null;
   /** Members that become our children (as a subreaper) are reaped; for custody's own instances only. */
@@ -200,7 +202,7 @@ export interface TreeTerminateResult extends TerminateResult {
 export async function terminateTree(root: ProcessHandle, options: TreeTerminateOptions = {}): Promise<TreeTerminateResult> {
   const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(root, options, 'terminateTree');
   const rootWasAlive = root.isAlive();
-  const r = await terminateMembers([root], { ...options, termSignal, killSignal, graceMs, killWaitMs });
+  const r = await terminateMembers([root, ...(options.also ?? [])], { ...options, termSignal, killSignal, graceMs, killWaitMs });
   const st = root.exitStatus ?? (await within(root.exited, 50));
   const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
   return { outcome: rootWasAlive ? 'exited' : 'already-gone', escalated: r.escalated, code: status.code, signal: status.signal, members: r.members };

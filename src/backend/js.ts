@@ -355,6 +355,15 @@ export class JsBackend implements Backend {
     throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), { code: 'EAGAIN', syscall: 'read' });
   }
 
+  spawnedHere(): boolean {
+    // child_process owns (and reaps) every child this backend spawns.
+    return true;
+  }
+
+  reapZombie(): boolean {
+    return false;
+  }
+
   childSubreaper(): null {
     return null;
   }

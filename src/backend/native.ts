@@ -28,6 +28,9 @@ const pidfdFinalizer = new FinalizationRegistry<{ addon: NativeAddon; fd: number
   }
 });
 
+/** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */
+const spawnedPids = new Set<number>();
+
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
 
@@ -57,7 +60,10 @@ export class NativePidRef implements PidRef {
     pidfdFinalizer.register(this, { addon, fd }, this);
     // Our own children are always watched: they must be reaped even if
     // nobody ever asks how they ended.
-    if (origin === 'spawned') this.#watch();
+    if (origin === 'spawned') {
+      spawnedPids.add(pid);
+      this.#watch();
+    }
   }
 
   get exited(): Promise<ExitStatus> {
@@ -193,6 +199,7 @@ export class NativePidRef implements PidRef {
 
   #settle(status: ExitStatus): void {
     if (this.#status) return;
+    if (this.#origin === 'spawned') spawnedPids.delete(this.pid);
     this.#status = status;
     this.#seen = true;
     this.#resolveGone?.();
@@ -270,6 +277,28 @@ export class NativeBackend implements Backend {
         if (tgid !== null && tgid !== pid) throw new NotAProcessError(pid, tgid);
       }
       throw err;
+    }
+  }
+
+  spawnedHere(pid: number): boolean {
+    return spawnedPids.has(pid);
+  }
+
+  reapZombie(pid: number): boolean {
+    let fd: number;
+    try {
+      fd = this.#addon.pidfdOpen(pid);
+    } catch {
+      return false;
+    }
+    try {
+      const c = this.#addon.constants;
+      return this.#addon.waitid(fd, c.WEXITED | c.WNOHANG) !== null;
+    } catch {
+      // ECHILD: not ours to reap after all
+      return false;
+    } finally {
+      this.#addon.close(fd);
     }
   }
 

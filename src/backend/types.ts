@@ -99,6 +99,10 @@ export interface Backend {
   inspectPinned(pid: number, options?: { reapIfChild?: boolean }): { raw: RawIdentity; ref: PidRef };
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
+  /** Whether pid is a child this backend spawned and will reap itself (never to be reaped by anyone else). */
+  spawnedHere(pid: number): boolean;
+  /** Reaps a zombie child of ours now (waitid WNOHANG through a pidfd); false when it is not one. */
+  reapZombie(pid: number): boolean;
   /** Whether this process is a child subreaper now; null where the backend cannot tell. */
   childSubreaper(): boolean | null;
   bootId(): string;

@@ -36,7 +36,7 @@
 // round runs every variant once), and every variant runs in its own worker
 // (custody picks its backend when it loads):
 //   node bench/lifecycle.js --worker <native|js> <state base> <idle bin> <marker> <round ms> <rounds> <warmup ms> <store ops> <concurrency>...
-import { readdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { readdirSync, readFileSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -350,7 +350,7 @@ async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, wa
     rec.resolved = performance.now();
     // Attached before stop() awaits the same promise, so it runs first.
     instance.exited.then(() => (rec.exited = performance.now()));
-    if (sample === null) sample = supervisor.store.read(id);
+    if (sample === null) sample = JSON.parse(readFileSync(join(stateDir, id, 'manifest.json'), 'utf8'));
     rec.stopCall = performance.now();
     const r = await supervisor.stop(id, { graceMs: 5000 });
     rec.stopResolved = performance.now();

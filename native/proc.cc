@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -506,6 +507,121 @@ Napi::Value DecodeBytesJs(const Napi::CallbackInfo& info) {
   return DecodeBytes(info.Env(), b.Data(), b.Length());
 }
 
+// matchArgv(procRoot, argv) -> Promise of the pids whose cmdline is exactly
+// argv (each element bytes: a Buffer, or a string in custody's lossless
+// form), compared in the worker. Argv first: one openat and one read of
+// <pid>/cmdline per process, no stat, no JavaScript string per process, so
+// a sweep over thousands of processes costs what a C loop over cmdline
+// costs. An empty cmdline (a zombie leader whose threads live) is read from
+// a live thread. Candidates are only candidates: the caller inspects each
+// under a pidfd. Exhaustion ends the scan with its errno, as in
+// ScanProcesses.
+class MatchWorker : public Napi::AsyncWorker {
+ public:
+  MatchWorker(Napi::Env env, std::string root, std::string want)
+      : Napi::AsyncWorker(env, "custody:match"),
+        root_(std::move(root)),
+        want_(std::move(want)),
+        deferred_(Napi::Promise::Deferred::New(env)) {}
+
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      err_ = Match();
+    } catch (const std::bad_alloc&) {
+      err_ = ENOMEM;
+      call_ = "scan";
+    }
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (err_ != 0) {
+      deferred_.Reject(ErrnoError(env, err_, call_).Value());
+      return;
+    }
+    Napi::Array out = Napi::Array::New(env, pids_.size());
+    for (uint32_t i = 0; i < pids_.size(); i++) out.Set(i, Napi::Number::New(env, static_cast<double>(pids_[i])));
+    deferred_.Resolve(out);
+  }
+
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  int Match() {
+    call_ = "opendir";
+    DIR* d = opendir(root_.c_str());
+    if (d == nullptr) return errno;
+    std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
+    int rootfd = dirfd(d);
+    std::string cmdline;
+    std::string stat_text;
+    char path[sizeof(((struct dirent*)nullptr)->d_name) + 16];
+    for (;;) {
+      errno = 0;
+      struct dirent* e = readdir(d);
+      if (e == nullptr) {
+        call_ = "readdir";
+        return errno;
+      }
+      if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+      snprintf(path, sizeof path, "%s/cmdline", e->d_name);
+      call_ = "read";
+      int err = ReadAt(rootfd, path, &cmdline);
+      if (err == 0 && cmdline.empty() && !want_.empty()) {
+        // Empty: a kernel thread, a zombie, or a zombie leader with live threads.
+        int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+        if (pdir == -1) {
+          err = errno;
+        } else {
+          Fd guard(pdir);
+          Stat st;
+          err = ReadAt(pdir, "stat", &stat_text);
+          if (err == 0 && ParseStat(stat_text, &st) && st.state == 'Z') {
+            int t = LiveThreadDir(pdir, static_cast<int>(st.pid), &st.state);
+            if (t < -1) err = -t;
+            Fd thread(t);
+            if (t >= 0) err = ReadAt(t, "cmdline", &cmdline);
+          }
+        }
+      }
+      if (err != 0) {
+        if (Vanished(err)) continue;
+        return err;
+      }
+      // A trailing NUL ends the last argument; a rewritten argv may lack it.
+      if (!cmdline.empty() && cmdline.back() != '\0') cmdline.push_back('\0');
+      if (cmdline == want_) pids_.push_back(atoll(e->d_name));
+    }
+  }
+
+  std::string root_;
+  std::string want_;  // the argv as cmdline bytes: each element and a NUL
+  Napi::Promise::Deferred deferred_;
+  std::vector<long long> pids_;
+  int err_ = 0;
+  const char* call_ = "readdir";
+};
+
+Napi::Value MatchArgv(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
+  if (info.Length() < 2 || !info[1].IsArray()) throw Napi::TypeError::New(env, "argv must be an array");
+  Napi::Array arr = info[1].As<Napi::Array>();
+  std::string want;
+  for (uint32_t i = 0; i < arr.Length(); i++) {
+    std::string arg = EncodeBytes(arr.Get(i), "argv");
+    if (arg.find('\0') != std::string::npos) throw Napi::TypeError::New(env, "argv elements must not hold NUL");
+    want += arg;
+    want.push_back('\0');
+  }
+  auto* worker = new MatchWorker(env, root, std::move(want));  // deleted by N-API once done
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
+
 Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
   std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
   auto* worker = new ScanWorker(info.Env(), root);  // deleted by N-API once done
@@ -594,6 +710,7 @@ void InitProc(Napi::Env env, Napi::Object exports) {
   exports.Set("readBootId", Napi::Function::New(env, ReadBootId, "readBootId"));
   exports.Set("listProcesses", Napi::Function::New(env, ListProcesses, "listProcesses"));
   exports.Set("decodeBytes", Napi::Function::New(env, DecodeBytesJs, "decodeBytes"));
+  exports.Set("matchArgv", Napi::Function::New(env, MatchArgv, "matchArgv"));
 }
 
 }  // namespace custody

@@ -23,6 +23,7 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_FOREIGN_PROC'
   | 'ERR_CUSTODY_NOT_A_PROCESS'
   | 'ERR_CUSTODY_DEFERRED'
+  | 'ERR_CUSTODY_NOT_OURS'
   | 'ERR_CUSTODY_BAD_PIDFILE'
   | 'ERR_CUSTODY_BAD_LOG'
   | 'ERR_CUSTODY_NOT_CUSTODY_DIR'
@@ -210,6 +211,17 @@ export class NotAProcessError extends CustodyError {
     super('ERR_CUSTODY_NOT_A_PROCESS', `pid ${pid} is a thread${tgid ? ` of process ${tgid}` : ''}, not a process`);
     this.pid = pid;
     this.tgid = tgid;
+  }
+}
+
+/** The pid a launcher or a pid function reported is provably not the instance's (another uid, pid 1, an ancestor...). */
+export class NotOursError extends CustodyError {
+  readonly id: string;
+  readonly pid: number;
+  constructor(id: string, pid: number, why: string) {
+    super('ERR_CUSTODY_NOT_OURS', `launch of ${id}: ${why}; refusing to take it for the instance`);
+    this.id = id;
+    this.pid = pid;
   }
 }
 

@@ -20,6 +20,7 @@ export function toIdentity(pid: number, raw: RawIdentity, bootId: string): Proce
     argv: raw.argv,
     uid: raw.uid,
     ppid: raw.ppid,
+    session: raw.session,
     state: raw.state,
     pidNs: ownPidNs(),
   };

@@ -12,7 +12,7 @@ import { connect } from 'node:net';
 import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef } from './backend/types.js';
-import { AbortError, ConfirmTimeoutError, InvalidArgError, LaunchExitedError, ReadyTimeoutError } from './errors.js';
+import { AbortError, ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';
@@ -21,7 +21,9 @@ import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js
 import { removeDeclaredPaths } from './paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import { UNKNOWN_EXIT } from './signals.js';
+import { carries, describeRejection, judge, type Claim, type Rejection } from './ownership.js';
 import { terminate } from './terminate.js';
+import { terminateMembers } from './tree.js';
 import { sleep, TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { describe, pidMax } from './validate.js';
@@ -103,6 +105,11 @@ export interface LaunchSpec {
    * generations, kept after stop. false: nowhere.
    */
   logs?: false | LogOptions;
+  /**
+   * The uid the confirmed target may run as besides ours, for a launcher
+   * that drops privileges (QEMU -runas, start-stop-daemon --chuid).
+   */
+  uid?: number;
   /** A new session for the process (default true): it must outlive the agent and its terminal. */
   detached?: boolean;
   /** Without a new session, still a new process group (setpgid), so the group can be told apart. */
@@ -122,21 +129,29 @@ const spinCell = new Int32Array(new SharedArrayBuffer(4));
 const MAX_ARGV_SPINS = 40;
 const ARGV_SPIN_MS = 0.05;
 
-/** Whether an argv carries the token (inside any element) and every expected element exactly. */
-export function carries(argv: readonly string[], token: string, expect: readonly string[]): boolean {
-  return argv.some((a) => a.includes(token)) && expect.every((e) => argv.includes(e));
+/** Rejections that waiting cannot change: the pid is someone else's (not a launcher still exec'ing). */
+const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace']);
+
+/** What the attempt's target must show, for the ownership rule. */
+export function claimOf(a: Attempt): Claim {
+  return {
+    token: a.token,
+    expect: a.expect,
+    program: a.executable ? { exe: a.executable } : a.pidSpec === 'child' ? { argv: [a.command, ...a.argv] } : null,
+    launcherExe: a.pidSpec === 'child' ? null : (a.launcherExe ?? null),
+    uid: a.uid,
+  };
 }
 
-/** The live processes whose argv carries the token: provably launched by us (each still to be re-checked under a pidfd). */
-export async function tokenCarriers(token: string): Promise<number[]> {
-  const me = process.pid;
-  return (await backend.listProcesses()).filter((p) => p.pid !== me && p.pid !== 1 && p.argv.some((a) => a.includes(token))).map((p) => p.pid);
-}
 
 export interface Attempt {
   id: string;
   token: string;
+  /** The command as spawned (argv[0]) and its arguments. */
+  command: string;
   argv: string[];
+  /** The uid the target may run as besides ours (a launcher that drops privileges). */
+  uid: number | null;
   expect: string[];
   /** dev/ino the confirmed exe must have, when the spec names an executable. */
   executable: { dev: number; ino: number } | null;
@@ -148,6 +163,8 @@ export interface Attempt {
   launcherExits: boolean;
   /** The process we spawned (the target itself, or a launcher). */
   child: ProcessHandle | null;
+  /** The session custody created for the attempt (the detached child leads it), whose every process is the attempt's. */
+  session: number | null;
   /** The confirmed target, pinned by the inspection that confirmed it. */
   target: ProcessHandle | null;
   identity: ProcessIdentity | null;
@@ -181,6 +198,8 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
     for (const fd of opened) closeSync(fd);
   }
   a.child = child;
+  // setsid made it the leader of a session of its own: every process in it is the attempt's.
+  a.session = spec.detached !== false ? child.pid : null;
   // The launcher's own program: a reported pid still running it is the
   // launcher's fork before exec, whatever its argv says. (Not needed when the
   // child is the target.)
@@ -275,6 +294,7 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     try {
       pinned = backend.inspectPinned(pid, { reapIfChild: true });
     } catch (err) {
+      // A TID is refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
       const code = (err as NodeJS.ErrnoException).code;
       if (code !== 'ESRCH' && code !== 'ENOENT') throw err;
     }
@@ -287,16 +307,19 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
       const st = reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT);
       throw exitedError(a, pid, st);
     }
-    const exe = pinned.raw.exe;
-    const sameFile = (x: { dev: number; ino: number } | null | undefined) => !!x && !!exe && x.dev === exe.dev && x.ino === exe.ino;
-    // With an executable named, the exe must be it. Without one, a pid
-    // reported by a launcher must at least no longer run the launcher's
-    // program: its fork carries the launcher's argv (token included) until
-    // it execs. (A target that is the launcher's own program needs
-    // `executable` to be told apart.)
-    const exeOk = a.executable !== null ? sameFile(a.executable) : pid === child.pid || !sameFile(a.launcherExe);
-    if (exeOk && carries(pinned.raw.argv, a.token, a.expect)) {
-      a.identity = toIdentity(pid, pinned.raw, backend.bootId());
+    const live = toIdentity(pid, pinned.raw, backend.bootId());
+    // Our own child is ours by birth: it only has to have exec'd into the
+    // argv. A pid a launcher or a function reported must pass the ownership
+    // rule on its own marks (token, program, uid; never the launcher's fork).
+    // (A child exec'ing through a wrapper must still reach `executable`.)
+    const verdict = pid === child.pid ? null : judge(claimOf(a), live, undefined, true);
+    if (verdict && !verdict.ours && PERMANENT.has(verdict.why)) {
+      pinned.ref.close();
+      throw new NotOursError(a.id, pid, describeRejection(pid, verdict.why));
+    }
+    const exeOk = !a.executable || (live.exe !== null && live.exe.dev === a.executable.dev && live.exe.ino === a.executable.ino);
+    if ((verdict ? verdict.ours : exeOk) && carries(live.argv, a.token, a.expect)) {
+      a.identity = live;
       if (pid === child.pid) {
         // Our own child: its pidfd from birth already pins it.
         pinned.ref.close();
@@ -431,65 +454,62 @@ function connects(path: string): Promise<boolean> {
 }
 
 /**
- * Undoes an attempt: every process provably ours (the child we spawned,
- * the confirmed target, anything whose argv carries the token) gets TERM,
- * a bounded wait, KILL; each is proven gone (our children reaped); then the
- * declared paths are removed. Returns the pids that were ended.
+ * Undoes an attempt: the child we spawned (ours by birth), the confirmed
+ * target, everything that descends from them or stays in the session we
+ * created, and token carriers the ownership rule accepts (a daemon that
+ * double-forked away) get TERM, a bounded wait, KILL, rescans until none is
+ * left; our child is reaped; then the declared paths go. A carrier the rule
+ * rejects (an operator's `tail -f <token>.log`, another uid's copy) is never
+ * signalled: a warning says why. Throws when something ours would not die
+ * (the caller keeps the manifest). Returns the pids that were ended.
  */
 export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<number[]> {
   const child = a.child;
-  // Provably ours: the child (by birth), the confirmed target (by the
-  // confirming inspection), every member of the session the child leads
-  // (we created it with setsid, and a session id stays taken while any
-  // member lives), and anything whose argv carries the token.
-  const sid = child && !child.exitStatus ? child.pid : null;
-  const others = new Map<number, ProcessHandle>();
-  if (a.target && a.target !== child) others.set(a.target.pid, a.target);
-  // A table that cannot be read (EMFILE) or a carrier that cannot be pinned proves nothing gone: what is
-  // ours by birth and confirmation is still ended, then this throws and the caller keeps the state.
-  let unproven: unknown;
-  let table: Awaited<ReturnType<typeof backend.listProcesses>> = [];
+  const roots: ProcessHandle[] = [];
+  if (child) roots.push(child);
+  if (a.target && a.target !== child) roots.push(a.target);
+  const rootPids = new Set(roots.map((r) => r.pid));
+  const extra: ProcessHandle[] = [];
+  const claim = claimOf(a);
   try {
-    table = await backend.listProcesses();
-  } catch (err) {
-    unproven = err;
-  }
-  for (const p of table) {
-    if (p.pid === process.pid || p.pid === 1 || p.pid === child?.pid || others.has(p.pid)) continue;
-    const inSession = sid !== null && p.session === sid;
-    if (!inSession && !p.argv.some((x) => x.includes(a.token))) continue;
-    try {
-      const { raw, ref } = backend.inspectPinned(p.pid, { reapIfChild: true });
+    for (const p of await backend.listProcesses()) {
+      if (rootPids.has(p.pid) || !p.argv.some((x) => x.includes(a.token))) continue;
+      let pinned;
+      try {
+        pinned = backend.inspectPinned(p.pid, { reapIfChild: true });
+      } catch (err) {
+        if (isNoProcess(err)) continue;
+        throw err;
+      }
       // Re-checked under the pin: the scan alone proves nothing.
-      const proven = raw.state !== 'Z' && (raw.argv.some((x) => x.includes(a.token)) || (sid !== null && raw.session === sid));
-      if (proven) others.set(p.pid, new ProcessHandle(ref, { identity: null, spawned: false }));
-      else ref.close();
-    } catch (err) {
-      // Gone since the scan: nothing to do.
-      if (!isNoProcess(err)) unproven ??= err;
+      const live = toIdentity(p.pid, pinned.raw, backend.bootId());
+      const verdict = judge(claim, live, { pids: rootPids, session: a.session });
+      if (verdict.ours) {
+        extra.push(new ProcessHandle(pinned.ref, { identity: live, spawned: false }));
+        continue;
+      }
+      pinned.ref.close();
+      if (verdict.why !== 'gone') emit('warning', { id: a.id, pid: p.pid, reason: verdict.why, message: `abandon left ${describeRejection(p.pid, verdict.why)}` });
     }
-  }
-  const ended: number[] = [];
-  const end = async (h: ProcessHandle) => {
-    try {
-      await terminate(h, {
-        graceMs,
-        onEscalate: ({ pid }) => emit('escalate', { id: a.id, pid, message: `pid ${pid} ignored SIGTERM for ${graceMs} ms during abandon; sent SIGKILL` }),
-      });
-      ended.push(h.pid);
-    } finally {
-      if (h !== child) h.close();
-    }
-  };
-  // Descendants first, so a launcher still alive reaps them (nothing is left
-  // a zombie under an init that may not reap); then our own child.
-  await Promise.all([...others.values()].map(end));
-  if (child) {
-    await end(child);
+    const { members } = await terminateMembers([...roots, ...extra], {
+      session: a.session,
+      graceMs,
+      reapIfChild: true,
+      onEscalate: ({ pid }) => emit('escalate', { id: a.id, pid, message: `members of ${a.id} ignored SIGTERM for ${graceMs} ms during abandon; sent SIGKILL` }),
+    });
     // Our child is reaped by its watcher; wait for that so no zombie outlives abandon.
-    await child.exited;
+    if (child) await child.exited;
+    removeDeclaredPaths(a.paths, emit, a.id);
+    return members;
+  } catch (err) {
+    // A scan or a pin that failed (EMFILE) proves nothing gone, but the roots are ours by birth and by the
+    // confirming inspection: they end all the same, and the error tells the caller to keep the state.
+    const warn = (r: ProcessHandle, e: unknown) =>
+      emit('warning', { id: a.id, pid: r.pid, message: `abandon could not end pid ${r.pid}: ${(e as Error).message}` });
+    await Promise.all(roots.map((r) => terminate(r, { graceMs }).catch((e: unknown) => warn(r, e))));
+    if (child?.hasExited) await child.exited;
+    throw err;
+  } finally {
+    for (const h of extra) h.close();
   }
-  removeDeclaredPaths(a.paths, emit, a.id);
-  if (unproven) throw unproven;
-  return ended;
 }

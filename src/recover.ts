@@ -1,19 +1,26 @@
 /**
  * Recovery after a restart. Every manifest ends in exactly one of adopted,
- * repaired, cleaned or quarantined, with a reason and, where a field
- * decided, the field. Nothing unproven is ever signalled: quarantine only
- * records.
+ * repaired, cleaned, quarantined or deferred, with a reason and, where a
+ * field decided, the field. Nothing unproven is ever signalled: quarantine
+ * only records.
+ *
+ * Cost: the manifests are read once; interrupted launches are found by
+ * token in ONE process-table scan per recover(), indexed by token, and only
+ * candidates are inspected (under a pin) after it. Ownership is decided by
+ * the ownership module, as at launch.
  */
 import { statSync } from 'node:fs';
 import { backend, capabilities } from './backend/index.js';
+import type { ProcEntry } from './backend/types.js';
 import { BadManifestError } from './errors.js';
-import { ProcessHandle } from './handle.js';
+import type { Emit } from './events.js';
+import { ProcessHandle, resolveExecutable } from './handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
-import { carries, tokenCarriers } from './launch.js';
+import { describeRejection, indexByToken, judge, type Claim, type DevIno, type Judgement } from './ownership.js';
 import { removeDeclaredPaths } from './paths.js';
-import { terminate } from './terminate.js';
-import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest } from './store.js';
-import type { Supervisor } from './supervisor.js';
+import { readPidfile } from './pidfile.js';
+import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest, type StateStore } from './store.js';
+import { terminateMembers } from './tree.js';
 import type { ProcessIdentity } from './types.js';
 
 export interface RecoveryEntry {
@@ -32,56 +39,81 @@ export interface RecoveryReport {
   deferred: Array<RecoveryEntry & { error: Error }>;
 }
 
+/** The few things recovery needs from its supervisor: no more. */
+export interface RecoveryHost {
+  readonly store: StateStore;
+  readonly emit: Emit;
+  /** Adopt without proof where the platform cannot prove identity (a warning each time). */
+  readonly allowUnprovable: boolean;
+  /** Whether recovery should (re)consider this id: not tracked, or deferred earlier. */
+  wants(id: string): boolean;
+  adopt(manifest: Manifest, handle: ProcessHandle): void;
+  quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void;
+  defer(id: string, error: Error): void;
+}
+
 type Pinned = { identity: ProcessIdentity; handle: ProcessHandle };
 
 function pin(pid: number): Pinned | null {
   try {
     const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
-    return { identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) };
+    const identity = toIdentity(pid, raw, backend.bootId());
+    return { identity, handle: new ProcessHandle(ref, { identity, spawned: false }) };
   } catch (err) {
     if (isNoProcess(err)) return null;
     throw err;
   }
 }
 
-/** What makes a live process provably this instance's, beyond its recorded identity. */
-function ownershipProblem(m: Manifest, live: ProcessIdentity): { reason: string; field: string } | null {
-  if (live.pid === 1 || live.pid === process.pid) return { reason: 'unprovable', field: 'pid' };
-  const uid = process.getuid?.();
-  if (uid !== undefined && live.uid !== uid) return { reason: 'unprovable', field: 'uid' };
-  if (!live.argv.some((a) => a.includes(m.token))) return { reason: 'mismatch', field: 'token' };
-  return null;
-}
-
-function exeMatches(m: Manifest, live: ProcessIdentity): boolean {
-  if (!m.executable) return true;
+function fileId(path: string | null, env: NodeJS.ProcessEnv = process.env): DevIno | null {
+  if (!path) return null;
   try {
-    const st = statSync(m.executable);
-    return live.exe !== null && live.exe.dev === st.dev && live.exe.ino === st.ino;
+    const st = statSync(path.includes('/') ? path : resolveExecutable(path, env));
+    return { dev: st.dev, ino: st.ino };
   } catch {
-    return false;
+    return null;
   }
 }
 
-export async function recover(sup: Supervisor): Promise<RecoveryReport> {
+/** What the manifest's target must show: as the launch judged it (src/launch.ts claimOf). */
+function targetClaim(m: Manifest): Claim {
+  const exe = fileId(m.executable);
+  return {
+    token: m.token,
+    expect: m.expect,
+    program: exe ? { exe } : m.pidSource === 'child' ? { argv: [m.command, ...m.args] } : null,
+    launcherExe: m.pidSource === 'child' ? null : fileId(m.command),
+    uid: m.uid ?? null,
+  };
+}
+
+/** The launcher custody spawned (or its fork before exec): exactly the recorded argv. */
+function launcherClaim(m: Manifest): Claim {
+  return { token: m.token, expect: [], program: { argv: [m.command, ...m.args] }, launcherExe: null, uid: m.uid ?? null };
+}
+
+/** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
+export const STARTING_CONFIRM_MS = 3000;
+
+export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const report: RecoveryReport = { adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] };
   // A read error propagates: open() fails and the next open retries.
-  const ids = sup.store.ids();
+  const { emit, store } = host;
   const provable = capabilities().proc;
-  const emit = sup.emit;
 
   const quarantine = async (id: string, m: Manifest | null, reason: string, field?: string, persist = true) => {
     const pid = m?.identity?.pid;
     if (m && persist && m.state !== 'quarantined') {
-      const q: Manifest = { ...m, state: 'quarantined', quarantine: { reason, ...(field ? { field } : {}), at: new Date().toISOString() }, updatedAt: new Date().toISOString() };
+      const at = new Date().toISOString();
+      const q: Manifest = { ...m, state: 'quarantined', quarantine: { reason, ...(field ? { field } : {}), at }, updatedAt: at };
       try {
-        await sup.store.write(q);
+        await store.write(q);
         m = q;
       } catch (err) {
         emit('warning', { id, message: `could not persist the quarantine of ${id}: ${(err as Error).message}` });
       }
     }
-    sup.quarantine(id, m, reason, field);
+    host.quarantine(id, m, reason, field);
     const entry: RecoveryEntry = { id, ...(pid ? { pid } : {}), reason, ...(field ? { field } : {}) };
     report.quarantined.push(entry);
     emit('quarantine', { ...entry, message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled` });
@@ -89,223 +121,255 @@ export async function recover(sup: Supervisor): Promise<RecoveryReport> {
 
   const clean = async (m: Manifest, reason: string, pid?: number) => {
     removeDeclaredPaths(m.paths, emit, m.id);
-    await sup.store.remove(m.id);
+    await store.remove(m.id);
     const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
     report.cleaned.push(entry);
     emit('clean', { ...entry, message: `${m.id}: ${reason}; state cleaned, nothing signalled` });
   };
 
-  for (const id of ids) {
-    const known = sup.table.get(id);
-    if (known && known.status !== 'deferred') continue;
+  const adopt = (m: Manifest, handle: ProcessHandle, reason?: string) => {
+    host.adopt(m, handle);
+    report.adopted.push({ id: m.id, pid: handle.pid, ...(reason ? { reason } : {}) });
+  };
+
+  // Decide, then act: every manifest is read before anything is done.
+  const manifests: Array<{ id: string; m?: Manifest; err?: unknown }> = [];
+  for (const id of store.ids()) {
+    if (!host.wants(id)) continue;
     try {
-      await recoverOne(id);
+      manifests.push({ id, m: store.read(id) });
     } catch (err) {
-      if (!isTransient(err)) throw err;
+      manifests.push({ id, err });
+    }
+  }
+  // One scan for all interrupted launches, indexed by their tokens.
+  const startingTokens = new Set(manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m.token] : [])));
+  let scan: Promise<Map<string, ProcEntry[]>> | undefined;
+  const carriersOf = (token: string) => {
+    scan ??= backend.listProcesses().then((rows) => indexByToken(rows, startingTokens));
+    return scan.then((index) => index.get(token) ?? []);
+  };
+
+  for (const { id, m, err } of manifests) {
+    try {
+      if (err !== undefined) await unreadable(id, err);
+      else await recoverOne(m!);
+    } catch (e) {
+      if (!isTransient(e)) throw e;
       // The kernel could not answer (EMFILE, ENOMEM...): that is no verdict.
       // Nothing was signalled or removed; a later recover() decides.
-      sup.defer(id, err as Error);
-      const entry = { id, reason: (err as NodeJS.ErrnoException).code ?? 'transient', error: err as Error };
+      host.defer(id, e as Error);
+      const entry = { id, reason: (e as NodeJS.ErrnoException).code ?? 'transient', error: e as Error };
       report.deferred.push(entry);
-      emit('warning', { id, reason: entry.reason, message: `${id}: recovery deferred (${(err as Error).message}); call recover() again` });
+      emit('warning', { id, reason: entry.reason, message: `${id}: recovery deferred (${(e as Error).message}); call recover() again` });
     }
   }
   return report;
 
-  async function recoverOne(id: string): Promise<void> {
-    let m: Manifest;
-    try {
-      m = sup.store.read(id);
-    } catch (err) {
-      if (err instanceof IncompleteInstanceError) {
-        // Never launched: only temp files, which must not be read as valid.
-        // Nothing of custody's there (files a user left): nothing to report.
-        if (!(await sup.store.remove(id)).removed) return;
-        report.cleaned.push({ id, reason: 'incomplete' });
-        emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
-        return;
-      }
-      if (!(err instanceof BadManifestError)) throw err;
-      // EMFILE opening a manifest says nothing about the manifest.
-      if (isTransient(err.cause)) throw err.cause;
-      // Kept on disk for the operator; never deleted, never fatal to the others.
-      await quarantine(id, null, 'bad-manifest', undefined, false);
-      report.quarantined[report.quarantined.length - 1]!.field = err.message;
+  async function unreadable(id: string, err: unknown): Promise<void> {
+    if (err instanceof IncompleteInstanceError) {
+      // Never launched: only temp files, which must not be read as valid.
+      // Nothing of custody's there (files a user left): nothing to report.
+      if (!(await store.remove(id)).removed) return;
+      report.cleaned.push({ id, reason: 'incomplete' });
+      emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
       return;
     }
+    if (!(err instanceof BadManifestError)) throw err;
+    // EMFILE opening a manifest says nothing about the manifest.
+    if (isTransient(err.cause)) throw err.cause;
+    // Kept on disk for the operator; never deleted, never fatal to the others.
+    await quarantine(id, null, 'bad-manifest', undefined, false);
+    report.quarantined[report.quarantined.length - 1]!.field = err.message;
+  }
+
+  async function recoverOne(m: Manifest): Promise<void> {
+    const id = m.id;
     if (m.state === 'quarantined') {
       await quarantine(id, m, m.quarantine?.reason ?? 'quarantined', m.quarantine?.field);
       return;
     }
     if (!provable) {
-      if (!sup.options.allowUnprovable || m.state !== 'running') {
+      if (!host.allowUnprovable || m.state !== 'running') {
         await quarantine(id, m, 'unprovable');
         return;
       }
-      const handle = unprovenHandle(m.identity!.pid);
-      sup.track(m, handle);
-      report.adopted.push({ id, pid: m.identity!.pid, reason: 'unprovable' });
-      emit('warning', { id, pid: m.identity!.pid, message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)` });
+      const pid = m.identity!.pid;
+      adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null, spawned: false }), 'unprovable');
+      emit('warning', { id, pid, message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)` });
       return;
     }
     if (m.state === 'starting') {
-      await recoverStarting(sup, m, report, clean);
+      await recoverStarting(m);
       return;
     }
+    await recoverRunning(m);
+  }
+
+  async function recoverRunning(m: Manifest): Promise<void> {
+    const id = m.id;
     const recorded = m.identity!;
-    const live = recorded.pid === process.pid ? null : pin(recorded.pid);
     if (recorded.pid === process.pid) {
       await quarantine(id, m, 'unprovable', 'pid');
       return;
     }
+    const live = pin(recorded.pid);
     const v = verify(recorded, live?.identity ?? null);
+    const release = () => live?.handle.close();
     switch (v.verdict) {
       case 'gone':
       case 'rebooted':
-        live?.handle.close();
+        release();
         await clean(m, v.verdict, recorded.pid);
-        break;
+        return;
       case 'unprovable':
         // Recorded in another pid namespace: its pid names some other
         // process here. Quarantined in memory only, so a supervisor back in
         // that namespace can still adopt it; release() is the operator's way out.
-        live?.handle.close();
+        release();
         await quarantine(id, m, 'unprovable', v.field, false);
-        break;
+        return;
       case 'unrecorded':
       case 'reused':
-        live?.handle.close();
+        release();
         await quarantine(id, m, v.verdict, v.field);
-        break;
-      case 'mismatch': {
-        const l = live!;
-        const problem = ownershipProblem(m, l.identity);
-        const provenByArgv = problem === null && m.paths.every((p) => l.identity.argv.some((a) => a.includes(p))) && exeMatches(m, l.identity);
-        if (!provenByArgv) {
-          l.handle.close();
-          await quarantine(id, m, 'mismatch', v.field);
-          break;
-        }
-        // Same start ticks, the token and the declared paths in its argv: ours.
-        const repaired: Manifest = { ...m, identity: { ...l.identity, startTicks: recorded.startTicks }, updatedAt: new Date().toISOString() };
-        await sup.store.write(repaired);
-        sup.track(repaired, l.handle);
-        report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
-        emit('repair', { id, pid: recorded.pid, field: v.field, message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten` });
-        break;
-      }
-      case 'ok': {
-        const l = live!;
-        const problem = ownershipProblem(m, l.identity);
-        if (problem) {
-          l.handle.close();
-          await quarantine(id, m, problem.reason, problem.field);
-          break;
-        }
-        // Proven: an older format is rewritten in the current one.
-        if (m.version !== MANIFEST_VERSION) {
-          await sup.store.write(m).catch((err: unknown) => emit('warning', { id, message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}` }));
-        }
-        sup.track(m, l.handle);
-        report.adopted.push({ id, pid: recorded.pid });
-        emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
-        break;
-      }
+        return;
     }
+    const l = live!;
+    // Verified (or a mismatch of exe/argv with equal start ticks): it must
+    // still pass the ownership rule on its own marks (token, uid, not pid 1,
+    // not us or an ancestor). A mismatch is re-proved by the token and the
+    // declared paths in its live argv and the executable; start ticks are never repaired.
+    const claim: Claim = { ...targetClaim(m), program: fileId(m.executable) ? { exe: fileId(m.executable)! } : null, launcherExe: null };
+    // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
+    const j = judge(claim, l.identity, undefined, true);
+    if (!j.ours) {
+      l.handle.close();
+      const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' ? 'mismatch' : 'unprovable';
+      const field = j.why === 'init' || j.why === 'self' || j.why === 'ancestor' ? 'pid' : j.why;
+      await quarantine(id, m, reason, v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : field);
+      return;
+    }
+    if (v.verdict === 'ok') {
+      // Proven: an older format is rewritten in the current one.
+      if (m.version !== MANIFEST_VERSION) {
+        await store.write(m).catch((err: unknown) => emit('warning', { id, message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}` }));
+      }
+      adopt(m, l.handle);
+      emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
+      return;
+    }
+    const provenByArgv = m.paths.every((p) => l.identity.argv.some((a) => a.includes(p)));
+    if (!provenByArgv) {
+      l.handle.close();
+      await quarantine(id, m, 'mismatch', v.field);
+      return;
+    }
+    const repaired: Manifest = { ...m, identity: { ...l.identity, startTicks: recorded.startTicks }, updatedAt: new Date().toISOString() };
+    await store.write(repaired);
+    adopt(repaired, l.handle);
+    report.adopted.pop();
+    report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
+    emit('repair', { id, pid: recorded.pid, field: v.field, message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten` });
   }
-}
 
-/** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
-export const STARTING_CONFIRM_MS = 3000;
+  /**
+   * A supervisor died mid-launch. The target is found as launch would have
+   * found it: from the pidfile (pidfile launches), else among the token's
+   * carriers, judged by the same rule as confirm (a launcher or its fork is
+   * never taken for its target; a carrier the rule rejects is left alone).
+   * Carriers that never become a target within the confirm bound (a
+   * launcher whose target never exec'd) are ended as abandon would have,
+   * only where they are provably custody's launcher or target.
+   */
+  async function recoverStarting(m: Manifest): Promise<void> {
+    const target = targetClaim(m);
+    const launcher = launcherClaim(m);
+    if (m.pidSource === 'function' && !m.executable) {
+      // The pid came from a function recovery cannot call again, and nothing
+      // else names the target's program: no carrier can be proven the target.
+      const carriers = await carriersOf(m.token);
+      if (carriers.length === 0) return clean(m, 'gone');
+      return quarantine(m.id, m, 'unprovable', 'executable');
+    }
+    const deadline = Date.now() + STARTING_CONFIRM_MS;
+    let candidates = (await carriersOf(m.token)).map((p) => p.pid);
+    for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
+      const chosen = await findTarget(m, target, candidates);
+      if (chosen) {
+        const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
+        await store.write(running);
+        adopt(running, chosen.handle, 'starting');
+        emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found and adopted` });
+        return;
+      }
+      // Only the candidates (and what they forked since) are looked at again, never the whole table.
+      const live = candidates.filter((pid) => backend.stat(pid) !== null);
+      candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
+      if (live.length === 0 || Date.now() >= deadline) break;
+      await new Promise((r) => setTimeout(r, delay));
+    }
+    await endOurs(m, [target, launcher], candidates);
+    await clean(m, 'gone');
+  }
 
-/**
- * A supervisor died mid-launch. The process table is searched for the
- * token: a process that carries it with the expected argv (and executable)
- * is adopted. Carriers that never get there within the confirm bound (a
- * launcher whose target never exec'd) are provably ours and are ended, as
- * abandon would have; then the state is cleaned.
- */
-async function recoverStarting(sup: Supervisor, m: Manifest, report: RecoveryReport, clean: (m: Manifest, reason: string) => Promise<void>): Promise<void> {
-  const deadline = Date.now() + STARTING_CONFIRM_MS;
-  for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
-    const carriers = await tokenCarriers(m.token);
-    const candidates: Pinned[] = [];
-    for (const pid of carriers) {
+  /** The interrupted launch's target among the candidates, pinned; null when there is none (yet). */
+  async function findTarget(m: Manifest, claim: Claim, candidates: number[]): Promise<Pinned | null> {
+    if (m.pidSource === 'file' && m.pidFile) {
+      // As launch does: the pidfile names the target (a -daemonize parent has its exe and argv too).
+      const pid = readPidfile(m.pidFile);
+      if (pid === null) return null;
+      const p = pin(pid);
+      if (p && judge(claim, p.identity, undefined, true).ours) return p;
+      p?.handle.close();
+      return null;
+    }
+    const ours: Pinned[] = [];
+    for (const pid of candidates) {
       const p = pin(pid);
       if (!p) continue;
-      if (p.identity.state !== 'Z' && carries(p.identity.argv, m.token, m.expect) && exeMatches(m, p.identity) && !ownershipProblem(m, p.identity)) {
-        candidates.push(p);
-      } else {
+      const j = judge(claim, p.identity);
+      if (j.ours) ours.push(p);
+      else {
+        reject(m, p.identity.pid, j);
         p.handle.close();
       }
     }
-    // A launcher and its target may both qualify: the target is the one
-    // that is not the parent of another candidate.
-    const parents = new Set(candidates.map((c) => c.identity.ppid));
-    const chosen = candidates.find((c) => !parents.has(c.identity.pid));
-    for (const c of candidates) if (c !== chosen) c.handle.close();
-    if (chosen) {
-      const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
-      await sup.store.write(running);
-      sup.track(running, chosen.handle);
-      report.adopted.push({ id: m.id, pid: chosen.identity.pid, reason: 'starting' });
-      sup.emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found by its token and adopted` });
-      return;
-    }
-    if (carriers.length === 0) break;
-    if (Date.now() >= deadline) {
-      await endCarriers(sup, m);
-      break;
-    }
-    await new Promise((r) => setTimeout(r, delay));
+    // A process and its own fork may both qualify: the target is the one that is no other's parent.
+    const parents = new Set(ours.map((c) => c.identity.ppid));
+    const chosen = ours.find((c) => !parents.has(c.identity.pid)) ?? null;
+    for (const c of ours) if (c !== chosen) c.handle.close();
+    return chosen;
   }
-  await clean(m, 'gone');
-}
 
-/** Ends every live process that carries the token, each re-checked under its pidfd first. */
-async function endCarriers(sup: Supervisor, m: Manifest): Promise<void> {
-  const handles: ProcessHandle[] = [];
-  for (const pid of await tokenCarriers(m.token)) {
-    const p = pin(pid);
-    if (p && p.identity.state !== 'Z' && p.identity.argv.some((a) => a.includes(m.token)) && !ownershipProblem(m, p.identity)) handles.push(p.handle);
-    else p?.handle.close();
+  function reject(m: Manifest, pid: number, j: Judgement): void {
+    if (j.ours || j.why === 'gone' || j.why === 'launcher') return;
+    emit('warning', { id: m.id, pid, reason: j.why, message: `recovery of ${m.id}: ${describeRejection(pid, j.why)}` });
   }
-  await Promise.all(
-    handles.map(async (h) => {
-      try {
-        await terminate(h, {
-          graceMs: 2000,
-          onEscalate: ({ pid }) => sup.emit('escalate', { id: m.id, pid, message: `pid ${pid} of an interrupted launch ignored SIGTERM; sent SIGKILL` }),
-        });
-      } finally {
-        h.close();
-      }
-    }),
-  );
-}
 
-/** Off Linux: a handle that can only use process.kill (allowUnprovable). */
-function unprovenHandle(pid: number): ProcessHandle {
-  let status: { code: null; signal: null } | undefined;
-  const ref = {
-    pid,
-    signal(signo: number) {
-      try {
-        process.kill(pid, signo);
-        return true;
-      } catch {
-        return false;
+  /** Ends every candidate that is provably this launch's (target or launcher), with what descends from it. */
+  async function endOurs(m: Manifest, claims: Claim[], candidates: number[]): Promise<void> {
+    const roots: ProcessHandle[] = [];
+    for (const pid of candidates) {
+      const p = pin(pid);
+      if (!p) continue;
+      const verdicts = claims.map((c) => judge(c, p.identity));
+      if (verdicts.some((v) => v.ours)) roots.push(p.handle);
+      else {
+        reject(m, pid, verdicts[0]!);
+        p.handle.close();
       }
-    },
-    exited: new Promise<{ code: null; signal: null }>(() => {}),
-    gone: new Promise<void>(() => {}),
-    hasExited: false,
-    get exitStatus() {
-      return status;
-    },
-    ref() {},
-    unref() {},
-    close() {},
-  };
-  return new ProcessHandle(ref, { identity: null, spawned: false });
+    }
+    if (roots.length === 0) return;
+    try {
+      await terminateMembers(roots, {
+        session: m.session ?? null,
+        graceMs: 2000,
+        reapIfChild: true,
+        onEscalate: ({ pid }) => emit('escalate', { id: m.id, pid, message: `pid ${pid} of an interrupted launch ignored SIGTERM; sent SIGKILL` }),
+      });
+    } finally {
+      for (const h of roots) h.close();
+    }
+  }
 }

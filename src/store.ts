@@ -55,6 +55,10 @@ export interface Manifest {
   paths: string[];
   /** The program the confirmed process runs, when the launch named one. */
   executable: string | null;
+  /** A uid the target may run as besides the supervisor's (a launcher that drops privileges). Absent in version 1. */
+  uid?: number | null;
+  /** The session custody created for the instance, while the target is in it: its members are the instance's. */
+  session?: number | null;
   /** Where the pid came from. */
   pidSource: 'child' | 'file' | 'function';
   pidFile: string | null;
@@ -149,6 +153,9 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (v.executable !== null && !(typeof v.executable === 'string' && v.executable !== ''))
     throw bad('executable is malformed');
   if (!isInt(v.supervisorPid, 1)) throw bad('supervisorPid is malformed');
+  if (v.uid !== undefined && v.uid !== null && !isInt(v.uid, 0)) throw bad('uid is malformed');
+  if (v.session !== undefined && v.session !== null && !(isInt(v.session, 1) && (v.session as number) <= pidMax()))
+    throw bad('session is malformed');
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);
     if (problem) throw bad(problem);

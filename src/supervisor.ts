@@ -20,14 +20,15 @@ import {
   type Instance,
   type LaunchSpec,
 } from './launch.js';
-import { removeDeclaredPaths } from './paths.js';
 import { recover, type RecoveryReport } from './recover.js';
+import { removeDeclaredPaths } from './paths.js';
 import { assertEntryName, assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
 import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateTree } from './tree.js';
 import { backend } from './backend/index.js';
 import { assertOwnProc } from './backend/procview.js';
+import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
 import { displayArg } from './bytes.js';
 import type { ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
@@ -75,7 +76,12 @@ export interface SupervisorOptions {
 }
 
 export interface StopOptions {
-  /** Stop the instance's whole process tree, every member through its own pidfd. */
+  /**
+   * Stop the instance, not just its main process (default true): every
+   * member (its descendants, and the session custody created for it) is
+   * pinned and signalled through its own pidfd, rescanned until none is left
+   * after SIGKILL. false: the main process only.
+   */
   tree?: boolean;
   /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
   graceMs?: number;
@@ -116,28 +122,38 @@ interface Tracked {
 
 export class Supervisor {
   readonly stateDir: string;
-  /** @internal */ readonly store: StateStore;
-  /** @internal */ readonly emit: Emit;
-  /** @internal */ readonly options: SupervisorOptions;
-  /** @internal */ readonly table = new Map<string, Tracked>();
+  readonly #store: StateStore;
+  readonly #emit: Emit;
+  readonly #options: SupervisorOptions;
+  readonly #table = new Map<string, Tracked>();
   #busy = new Set<string>();
   /** Operations that use the state dir; close() lets them finish first. */
   #pending = new Set<Promise<unknown>>();
   #reserve = new FdReserve(RESERVE_FDS);
   #undoing = 0;
+  /** Whether this supervisor holds a reference on the process's subreaper flag. */
+  #subreaper = false;
+  /** The sessions its running instances' members are in, for the subreaper's reaping. */
+  readonly #sessions = () => {
+    const running = [...this.#table.values()].filter((t) => t.status === 'running' && t.manifest?.identity);
+    return {
+      sessions: running.flatMap((t) => [t.manifest!.session ?? 0, t.manifest!.identity!.session ?? 0]),
+      pids: running.flatMap((t) => (t.handle ? [t.handle.pid] : [])),
+    };
+  };
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
   #logs: InstanceLogs;
 
   private constructor(options: SupervisorOptions, store: StateStore, emit: Emit) {
-    this.options = options;
+    this.#options = options;
     this.stateDir = options.stateDir;
-    this.store = store;
-    this.emit = emit;
+    this.#store = store;
+    this.#emit = emit;
     this.#logs = new InstanceLogs(store.dir, {
-      report: (type, fields) => this.emit(type, fields),
-      live: () => [...this.table.keys(), ...this.store.ids()],
+      report: (type, fields) => this.#emit(type, fields),
+      live: () => [...this.#table.keys(), ...this.#store.ids()],
     });
   }
 
@@ -163,8 +179,9 @@ export class Supervisor {
     const store = StateStore.open(options.stateDir, { emit, create: options.create });
     const sup = new Supervisor(options, store, emit);
     try {
-      if (options.subreaper && !backend.setChildSubreaper(true)) {
-        sup.emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
+      if (options.subreaper && (sup.#subreaper = acquireSubreaper())) addReaperSource(sup.#sessions);
+      if (options.subreaper && !sup.#subreaper) {
+        sup.#emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
       }
       const report = await sup.recover();
       // Taken once recovery is done, so that recovery itself has every fd there is.
@@ -172,7 +189,7 @@ export class Supervisor {
       if (options.sweep) sup.#startSweeps(options.sweep);
       return { supervisor: sup, report };
     } catch (err) {
-      sup.#closeAll();
+      sup.#releaseAll();
       throw err;
     }
   }
@@ -184,7 +201,22 @@ export class Supervisor {
    */
   async recover(): Promise<RecoveryReport> {
     this.#assertOpen();
-    return this.#inFlight(recover(this));
+    return this.#inFlight(this.#recover());
+  }
+
+  #recover(): Promise<RecoveryReport> {
+    return recover({
+      store: this.#store,
+      emit: this.#emit,
+      allowUnprovable: this.#options.allowUnprovable === true,
+      wants: (id) => {
+        const t = this.#table.get(id);
+        return !t || t.status === 'deferred';
+      },
+      adopt: (m, h) => void this.#track(m, h),
+      quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
+      defer: (id, err) => this.#defer(id, err),
+    });
   }
 
   /**
@@ -207,37 +239,36 @@ export class Supervisor {
     return p;
   }
 
-  /** @internal: registers an adopted or launched process and watches its exit. */
-  track(manifest: Manifest, handle: ProcessHandle): Instance {
+  /** Registers an adopted or launched process and watches its exit. */
+  #track(manifest: Manifest, handle: ProcessHandle): Instance {
     const identity = manifest.identity!;
     const instance: Instance = { id: manifest.id, pid: handle.pid, token: manifest.token, identity, exited: handle.exited };
     const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance };
-    this.table.set(manifest.id, t);
-    if (!this.options.keepAlive) handle.unref();
+    this.#table.set(manifest.id, t);
+    if (!this.#options.keepAlive) handle.unref();
     void handle.exited.then((status) => this.#onExit(t, status));
     void this.#logs.watch(manifest.id, handle.gone);
     return instance;
   }
 
-  /** @internal */
-  quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
-    this.table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
+  #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
+    this.#table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
   }
 
-  /** @internal: recovery could not decide this id now; launch and stop refuse it until a later recover() does. */
-  defer(id: string, error: Error): void {
-    this.table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error });
+  /** Recovery (or a failed abandon) could not decide this id now; launch and stop refuse it until a later recover() does. */
+  #defer(id: string, error: Error): void {
+    this.#table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error });
   }
 
   #onExit(t: Tracked, status: ExitStatus): void {
-    if (this.table.get(t.id) !== t || t.stopping || this.#closed) return;
+    if (this.#table.get(t.id) !== t || t.stopping || this.#closed) return;
     t.status = 'exited';
     t.exit = status;
-    this.emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
+    this.#emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
     // Proven gone (its pidfd said so): stale sockets and state go with it.
-    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.emit, t.id);
-    void this.#inFlight(this.store.remove(t.id)).catch((err: unknown) => {
-      this.emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
+    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.#emit, t.id);
+    void this.#inFlight(this.#store.remove(t.id)).catch((err: unknown) => {
+      this.#emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
     });
   }
 
@@ -250,18 +281,18 @@ export class Supervisor {
     this.#assertOpen();
     validateSpec(spec);
     const { id } = spec;
-    const existing = this.table.get(id);
+    const existing = this.#table.get(id);
     if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
     if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);
     if (this.#busy.has(id) || existing?.status === 'running' || existing?.status === 'starting') {
       throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing?.status ?? 'launching'}`);
     }
     // A state dir moved or replaced since open would get a record nobody finds.
-    this.store.assertInPlace();
+    this.#store.assertInPlace();
     this.#busy.add(id);
-    if (existing?.status === 'exited') this.table.delete(id);
+    if (existing?.status === 'exited') this.#table.delete(id);
     const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null };
-    this.table.set(id, placeholder);
+    this.#table.set(id, placeholder);
     try {
       const attempts = spec.attempts ?? 1;
       let lastError: unknown;
@@ -272,15 +303,15 @@ export class Supervisor {
         } catch (err) {
           lastError = err;
           // Deferred: an attempt not proven undone; its state waits for recover(), not for another attempt.
-          const deferred = this.table.get(id)?.status === 'deferred';
+          const deferred = this.#table.get(id)?.status === 'deferred';
           if (err instanceof AbortError || err instanceof InvalidArgError || this.#closed || deferred) throw err;
-          if (n < attempts) this.emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
+          if (n < attempts) this.#emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
         }
       }
       throw lastError;
     } finally {
       this.#busy.delete(id);
-      if (this.table.get(id) === placeholder) this.table.delete(id);
+      if (this.#table.get(id) === placeholder) this.#table.delete(id);
     }
   }
 
@@ -312,6 +343,7 @@ export class Supervisor {
       expect: spec.expect ?? [],
       paths: [...new Set(paths)],
       executable: spec.executable ?? null,
+      uid: spec.uid ?? null,
       pidSource: pidSpec === 'child' ? 'child' : typeof pidSpec === 'function' ? 'function' : 'file',
       pidFile,
       createdAt: now,
@@ -322,7 +354,10 @@ export class Supervisor {
     const a: Attempt = {
       id: spec.id,
       token,
+      command: spec.command,
       argv,
+      uid: spec.uid ?? null,
+      session: null,
       expect: manifest.expect,
       executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
       paths: manifest.paths,
@@ -334,57 +369,60 @@ export class Supervisor {
       stderrTail: () => undefined,
     };
     // Stale paths of an earlier run would make readiness lie.
-    removeDeclaredPaths(a.paths, this.emit, spec.id);
+    removeDeclaredPaths(a.paths, this.#emit, spec.id);
     // Before the manifest: a log dir that cannot be trusted fails the launch with nothing to undo.
     const logged = spec.stdout === undefined || spec.stderr === undefined;
     const logs = this.#logs.prepare(spec.id, logged ? spec.logs : false);
     // Written, and fsync'd, before anything is spawned: a supervisor killed
     // from here on leaves a record recovery can find the process by.
-    await this.store.write(manifest);
-    this.emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
+    await this.#store.write(manifest);
+    this.#emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
       startChild(a, spec, logs);
-      this.emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
+      this.#emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
       const deadline = Date.now() + confirmTimeoutMs;
       const pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
-      this.emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
+      this.#emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
       const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
       if (spec.ready) {
         const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
         await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
-        this.emit('ready', { id: spec.id, pid, message: 'ready' });
+        this.#emit('ready', { id: spec.id, pid, message: 'ready' });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
-      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, updatedAt: new Date().toISOString() };
-      await this.store.write(running);
+      // The session is recorded only while the target is in it: stop and recovery then count its members.
+      const session = a.session !== null && a.identity!.session === a.session ? a.session : null;
+      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, session, updatedAt: new Date().toISOString() };
+      await this.#store.write(running);
       if (a.child !== a.target) {
         // The launcher is ours to reap whenever it ends; it holds nothing.
         a.child!.unref();
         a.child!.close();
       }
-      const tracked = this.track(running, a.target!);
-      this.emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
+      const tracked = this.#track(running, a.target!);
+      // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
+      this.#reap();
+      this.#emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
       let ended: number[];
       try {
-        ended = await this.#withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, this.emit));
-      } catch (undoErr) {
-        // What is ours by birth and confirmation has ended, but the rest could not be searched (EMFILE):
-        // the starting manifest stays, and the id waits for recover() to search its token.
-        this.defer(spec.id, undoErr as Error);
-        const why = (undoErr as Error).message;
-        this.emit('warning', { id: spec.id, message: `attempt ${attemptNo} could not be proven undone (${why}); its state stays until recover()` });
+        ended = await this.#withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, this.#emit));
+      } catch (abandonErr) {
+        // Something of the attempt would not die: its manifest stays, for a
+        // later recover() to decide; until then the id is refused.
+        this.#emit('warning', { id: spec.id, message: `abandon of ${spec.id} failed (${(abandonErr as Error).message}); its manifest is kept` });
+        this.#defer(spec.id, abandonErr as Error);
         throw err;
       }
       // State goes only now: every process of the attempt is proven gone.
       await this.#removeState(spec.id);
-      this.emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
+      this.#emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
       throw err;
     }
   }
@@ -396,7 +434,7 @@ export class Supervisor {
   async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
     this.#assertOpen();
     assertId(id);
-    const t = this.table.get(id);
+    const t = this.#table.get(id);
     if (!t || t.status === 'starting') throw notFound(id, t?.status);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
@@ -423,7 +461,7 @@ export class Supervisor {
       if (!(err instanceof AbortError)) throw err;
       // Abort means "force it now": KILL, a bounded wait until it is gone
       // (StopTimeoutError if it outlives that), and only then the AbortError.
-      await (options.tree ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true }) : forceEnd(h));
+      await (options.tree !== false ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session }) : forceEnd(h));
       await this.#removeState(t.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
       this.#stopped(t, h, killed, 'stop aborted: ended with SIGKILL; state removed');
@@ -435,17 +473,33 @@ export class Supervisor {
     return result;
   }
 
+  /** Members re-parented to us (as subreaper) that the instance's tree no longer reaches. */
+  #orphansOf(t: Tracked): ProcessHandle[] {
+    const session = t.manifest?.identity?.session;
+    return this.#subreaper && session ? orphansInSession(session) : [];
+  }
+
+  #reap(): void {
+    if (!this.#subreaper) return;
+    try {
+      reapMembers();
+    } catch (err) {
+      this.#emit('warning', { message: `subreaper: could not look for orphans to reap now (${(err as Error).message}); the next SIGCHLD retries` });
+    }
+  }
+
   /** Proven gone: the pin, the declared paths, the entry go; the stop event says how. */
   #stopped(t: Tracked, h: ProcessHandle, result: StopResult, message: string): void {
+    this.#reap();
     h.close();
-    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.emit, t.id);
-    if (this.table.get(t.id) === t) this.table.delete(t.id);
-    this.emit('stop', { id: t.id, pid: h.pid, ...result, message });
+    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.#emit, t.id);
+    if (this.#table.get(t.id) === t) this.#table.delete(t.id);
+    this.#emit('stop', { id: t.id, pid: h.pid, ...result, message });
   }
 
   async #end(t: Tracked, h: ProcessHandle, options: StopOptions & { graceMs: number }): Promise<StopResult> {
     const emitEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
-      this.emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
+      this.#emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
     if (t.status === 'exited' || h.exitStatus) {
       const st = t.exit ?? h.exitStatus ?? { code: null, signal: null };
       return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
@@ -459,7 +513,7 @@ export class Supervisor {
         () => gone,
         (err: unknown) => {
           const why = (err as Error)?.message ?? String(err);
-          this.emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
+          this.#emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
           return 'failed' as const;
         },
       );
@@ -471,17 +525,19 @@ export class Supervisor {
         ac.abort(new Error(r === TIMED_OUT ? 'graceful stop timed out' : 'graceful stop is over'));
       }
       if (r === TIMED_OUT) {
-        this.emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
+        this.#emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
       }
       const termOptions = { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate };
-      const result = options.tree
-        ? await terminateTree(h, { ...termOptions, reapIfChild: true })
-        : await terminate(h, termOptions);
+      const result: StopResult =
+        options.tree !== false
+          ? (({ members: _m, ...r }) => r)(await terminateTree(h, { ...termOptions, reapIfChild: true, session: t.manifest?.session }))
+          : await terminate(h, termOptions);
       return r === 'gone' ? { ...result, outcome: 'exited' } : result;
     }
-    if (options.tree) {
+    if (options.tree !== false) {
       const { graceMs, signal } = options;
-      return terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true });
+      const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true, session: t.manifest?.session, also: this.#orphansOf(t) });
+      return result;
     }
     return terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
   }
@@ -494,7 +550,7 @@ export class Supervisor {
   async sweep(options: SweepOptions): Promise<SweepResult> {
     this.#assertOpen();
     validateSweep(options);
-    const tracked = [...this.table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
+    const tracked = [...this.#table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
     const exclude = new Set([...(options.exclude ?? []), ...tracked]);
     const result = await sweep({ ...options, exclude });
     this.#reportSweep(options, result);
@@ -505,7 +561,7 @@ export class Supervisor {
     const pids = (l: ProcessIdentity[]) => l.map((i) => i.pid);
     if (r.matched.length === 0) return;
     const argv = validateSweep(options);
-    this.emit('sweep', {
+    this.#emit('sweep', {
       argv,
       dryRun: options.dryRun === true,
       matched: pids(r.matched),
@@ -514,8 +570,8 @@ export class Supervisor {
       survivors: pids(r.survivors),
       message: `${options.dryRun ? 'would end' : 'ended'} ${r.matched.length} orphan(s) matching ${JSON.stringify(argv.map(displayArg)).slice(0, 120)}`,
     });
-    if (r.killed.length) this.emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
-    if (r.survivors.length) this.emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
+    if (r.killed.length) this.#emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
+    if (r.survivors.length) this.#emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
   }
 
   #startSweeps(config: { intervalMs: number; patterns: SweepOptions[] }): void {
@@ -527,7 +583,7 @@ export class Supervisor {
           try {
             await this.sweep(pattern);
           } catch (err) {
-            this.emit('warning', { message: `periodic sweep failed: ${(err as Error).message}` });
+            this.#emit('warning', { message: `periodic sweep failed: ${(err as Error).message}` });
           }
         }
       })().finally(() => (this.#sweeping = false));
@@ -539,16 +595,16 @@ export class Supervisor {
   remove(id: string): void {
     this.#assertOpen();
     assertId(id);
-    const t = this.table.get(id);
+    const t = this.#table.get(id);
     if (!t) throw notFound(id);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status !== 'exited') throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is ${t.status}; stop() it instead`);
-    this.table.delete(id);
+    this.#table.delete(id);
   }
 
   /** Every instance with its status; a quarantined one never hides the others. */
   list(): InstanceInfo[] {
-    return [...this.table.values()].map((t) => {
+    return [...this.#table.values()].map((t) => {
       const pid = t.handle?.pid ?? t.manifest?.identity?.pid ?? null;
       // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
       const ppid = t.status === 'running' && t.handle && !t.handle.hasExited ? liveParent(t.handle.pid, t.manifest?.identity?.startTicks) : null;
@@ -562,7 +618,7 @@ export class Supervisor {
 
   /** The instance record of a running id. */
   get(id: string): Instance | undefined {
-    return this.table.get(id)?.instance ?? undefined;
+    return this.#table.get(id)?.instance ?? undefined;
   }
 
   /**
@@ -574,7 +630,7 @@ export class Supervisor {
   async release(id: string): Promise<void> {
     this.#assertOpen();
     assertEntryName(id);
-    const t = this.table.get(id);
+    const t = this.#table.get(id);
     if (!t || t.status !== 'quarantined') throw notFound(id, t?.status, 'quarantined');
     await this.#inFlight(this.#release(t));
   }
@@ -589,13 +645,13 @@ export class Supervisor {
     this.#assertOpen();
     const released: string[] = [];
     let failure: unknown;
-    for (const t of [...this.table.values()].filter((x) => x.status === 'quarantined')) {
+    for (const t of [...this.#table.values()].filter((x) => x.status === 'quarantined')) {
       try {
         await this.#inFlight(this.#release(t));
         released.push(t.id);
       } catch (err) {
         failure ??= err;
-        this.emit('warning', { id: t.id, message: `release of ${t.id} failed: ${(err as Error).message}` });
+        this.#emit('warning', { id: t.id, message: `release of ${t.id} failed: ${(err as Error).message}` });
       }
     }
     if (failure) throw failure;
@@ -603,9 +659,10 @@ export class Supervisor {
   }
 
   async #release(t: Tracked): Promise<void> {
-    await this.store.remove(t.id);
-    if (this.table.get(t.id) === t) this.table.delete(t.id);
-    this.emit('release', { id: t.id, pid: t.manifest?.identity?.pid, reason: t.reason, message: `quarantine of ${t.id} released by the operator (${t.reason}); nothing was signalled` });
+    await this.#store.remove(t.id);
+    if (this.#table.get(t.id) === t) this.#table.delete(t.id);
+    const message = `quarantine of ${t.id} released by the operator (${t.reason}); nothing was signalled`;
+    this.#emit('release', { id: t.id, pid: t.manifest?.identity?.pid, reason: t.reason, message });
   }
 
   /**
@@ -614,9 +671,10 @@ export class Supervisor {
    */
   async #removeState(id: string): Promise<void> {
     try {
-      await this.store.remove(id);
+      await this.#store.remove(id);
     } catch (err) {
-      this.emit('warning', { id, message: `${id} is gone, but its state could not be removed (recovery will clean it): ${(err as Error).message}` });
+      const why = (err as Error).message;
+      this.#emit('warning', { id, message: `${id} is gone, but its state could not be removed (recovery will clean it): ${why}` });
     }
   }
 
@@ -631,13 +689,18 @@ export class Supervisor {
     if (this.#sweepTimer) clearInterval(this.#sweepTimer);
     while (this.#pending.size) await Promise.allSettled([...this.#pending]);
     this.#logs.close();
-    this.#closeAll();
+    this.#releaseAll();
   }
 
-  #closeAll(): void {
+  #releaseAll(): void {
+    if (this.#subreaper) {
+      this.#subreaper = false;
+      removeReaperSource(this.#sessions);
+      releaseSubreaper();
+    }
     this.#reserve.release();
-    for (const t of this.table.values()) t.handle?.close();
-    this.store.close();
+    for (const t of this.#table.values()) t.handle?.close();
+    this.#store.close();
   }
 
   #assertOpen(): void {
@@ -652,6 +715,26 @@ export class Supervisor {
 function liveParent(pid: number, startTicks: number | undefined): number | null {
   const st = backend.stat(pid);
   return st && st.startTicks === startTicks ? st.ppid : null;
+}
+
+/**
+ * PR_SET_CHILD_SUBREAPER is process-wide: supervisors share it, counted, and
+ * the last one that asked turns it off again, if it was off before the first.
+ */
+let subreaperHolders = 0;
+let subreaperWasOn = false;
+
+function acquireSubreaper(): boolean {
+  if (subreaperHolders === 0) {
+    subreaperWasOn = backend.childSubreaper() === true;
+    if (!subreaperWasOn && !backend.setChildSubreaper(true)) return false;
+  }
+  subreaperHolders++;
+  return true;
+}
+
+function releaseSubreaper(): void {
+  if (--subreaperHolders === 0 && !subreaperWasOn) backend.setChildSubreaper(false);
 }
 
 /** Enough for a process-table scan and a pin (a dir, a stat, a cmdline, a pidfd). */

@@ -13,6 +13,7 @@ import type { RawIdentity } from './backend/types.js';
 import { InvalidArgError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
+import { protectedPid } from './ownership.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ProcessIdentity } from './types.js';
 import { argvOf, assertDuration } from './validate.js';
@@ -90,7 +91,8 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
     } else exeBase = options.executable;
   }
   const matches = (p: { pid: number; argv: string[]; uid: number; state?: string }, raw?: RawIdentity) => {
-    if (p.pid === 1 || p.pid === process.pid || exclude.has(p.pid)) return false;
+    // Never pid 1, ourselves or an ancestor (`custody sweep --exact -- bash` typed in bash).
+    if (protectedPid(p.pid) || exclude.has(p.pid)) return false;
     if (p.state === 'Z' || p.uid !== uid || !sameArgv(p.argv, argv)) return false;
     if (exeBase !== null && basename(p.argv[0] ?? '') !== exeBase) return false;
     if (exe !== null && raw !== undefined && !(raw.exe && raw.exe.dev === exe.dev && raw.exe.ino === exe.ino)) return false;
@@ -98,14 +100,15 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
   };
 
   const pinned: Array<{ identity: ProcessIdentity; handle: ProcessHandle }> = [];
-  for (const p of await backend.listProcesses()) {
-    // The scan's uid is only the owner of /proc/<pid>: the real uid is checked under the pin.
-    if (!matches({ ...p, uid })) continue;
+  // Argv first: only cmdline is read for every process (compared as bytes);
+  // everything else, and the real uid, only for the candidates, under a pin.
+  for (const pid of await backend.matchArgv(argv)) {
+    if (!matches({ pid, argv, uid })) continue;
     try {
-      const { raw, ref } = backend.inspectPinned(p.pid);
+      const { raw, ref } = backend.inspectPinned(pid);
       // The scan proves nothing; the pinned read does.
-      if (matches({ pid: p.pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
-        pinned.push({ identity: toIdentity(p.pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) });
+      if (matches({ pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
+        pinned.push({ identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) });
       } else ref.close();
     } catch (err) {
       // Exited since the scan; anything else (EMFILE) is no answer and is thrown.

@@ -18,6 +18,8 @@ export interface ProcessIdentity {
   /** Real uid. */
   uid: number;
   ppid: number;
+  /** Session id (field 6 of stat): custody's detached launches lead a session of their own, which every member stays in unless it calls setsid. */
+  session: number;
   /**
    * One-letter state from /proc/<pid>/stat: R, S, D, Z, T... For a process
    * whose main thread exited while others run, a live thread's state (such a

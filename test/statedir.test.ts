@@ -316,6 +316,8 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
       fill01('quarantined.json', { ...common, TOKEN: tokens.q, ...identityVars(inspect(q.pid)) }),
     );
     write01(stateDir, 'vm-s', fill01('starting.json', { ...common, TOKEN: tokens.s }));
+    // Its launcher had written the pidfile (the pid it then exec'd into) when 0.1 died.
+    writeFileSync(join(root, 'vm-s.pid'), `${s.pid}\n`);
     // A write 0.1 was killed in the middle of.
     mkdirSync(join(stateDir, 'vm-t'), { mode: 0o700 });
     writeFileSync(join(stateDir, 'vm-t', '.manifest.4242.1.tmp'), '{"version":1,"id":"vm-t","tok', { mode: 0o600 });

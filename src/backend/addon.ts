@@ -31,6 +31,8 @@ export interface NativeAddon {
   readBootId(path?: string): string;
   /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
   decodeBytes(bytes: Buffer): string;
+  /** The pids whose cmdline is exactly argv (bytes compared in the addon's worker). */
+  matchArgv(procRoot: string | undefined, argv: readonly string[]): Promise<number[]>;
   /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
   listProcesses(procRoot?: string): Promise<Array<string | number>>;
   spawn(

@@ -9,10 +9,11 @@
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
 import { readFileSync, statSync, readdirSync } from 'node:fs';
-import { hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
+import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, readStatOf } from './procview.js';
+import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
+import { UnprovenPidRef } from './unproven.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -354,6 +355,19 @@ export class JsBackend implements Backend {
     throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), { code: 'EAGAIN', syscall: 'read' });
   }
 
+  spawnedHere(): boolean {
+    // child_process owns (and reaps) every child this backend spawns.
+    return true;
+  }
+
+  reapZombie(): boolean {
+    return false;
+  }
+
+  childSubreaper(): null {
+    return null;
+  }
+
   setChildSubreaper(): boolean {
     return false;
   }
@@ -367,8 +381,42 @@ export class JsBackend implements Backend {
     return readStatOf(pid);
   }
 
+  children(pid: number): number[] {
+    return childrenOf(pid);
+  }
+
+  sessionMembers(session: number): number[] {
+    return sessionMembersOf(session);
+  }
+
+  unproven(pid: number): PidRef {
+    return new UnprovenPidRef(pid);
+  }
+
   bootId(): string {
     return (this.#bootId ??= readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim());
+  }
+
+  async matchArgv(argv: readonly string[], procRoot = '/proc'): Promise<number[]> {
+    assertOwnProc(procRoot);
+    const want = Buffer.concat(argv.flatMap((a) => [encodeArg(a), Buffer.of(0)]));
+    const out: number[] = [];
+    for (const name of readdirSync(procRoot)) {
+      if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
+      try {
+        let raw = readFileSync(`${procRoot}/${name}/cmdline`);
+        if (raw.length === 0) {
+          const st = parseStat(readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
+          const t = st && isDead(st.state) ? liveThread(`${procRoot}/${name}`, st.pid) : null;
+          if (t) raw = readFileSync(`${t.dir}/cmdline`);
+        }
+        if (raw.length && raw[raw.length - 1] !== 0) raw = Buffer.concat([raw, Buffer.of(0)]);
+        if (raw.equals(want)) out.push(Number(name));
+      } catch (err) {
+        if (!vanished(err)) throw err;
+      }
+    }
+    return out;
   }
 
   async listProcesses(procRoot = '/proc'): Promise<ProcEntry[]> {

@@ -9,7 +9,8 @@ import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
 import { parseStatusField, type StatFields } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
-import { assertOwnProc, readStatOf } from './procview.js';
+import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
+import { UnprovenPidRef } from './unproven.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -26,6 +27,9 @@ const pidfdFinalizer = new FinalizationRegistry<{ addon: NativeAddon; fd: number
     // already closed with the environment
   }
 });
+
+/** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */
+const spawnedPids = new Set<number>();
 
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
@@ -56,7 +60,10 @@ export class NativePidRef implements PidRef {
     pidfdFinalizer.register(this, { addon, fd }, this);
     // Our own children are always watched: they must be reaped even if
     // nobody ever asks how they ended.
-    if (origin === 'spawned') this.#watch();
+    if (origin === 'spawned') {
+      spawnedPids.add(pid);
+      this.#watch();
+    }
   }
 
   get exited(): Promise<ExitStatus> {
@@ -192,6 +199,7 @@ export class NativePidRef implements PidRef {
 
   #settle(status: ExitStatus): void {
     if (this.#status) return;
+    if (this.#origin === 'spawned') spawnedPids.delete(this.pid);
     this.#status = status;
     this.#seen = true;
     this.#resolveGone?.();
@@ -272,6 +280,32 @@ export class NativeBackend implements Backend {
     }
   }
 
+  spawnedHere(pid: number): boolean {
+    return spawnedPids.has(pid);
+  }
+
+  reapZombie(pid: number): boolean {
+    let fd: number;
+    try {
+      fd = this.#addon.pidfdOpen(pid);
+    } catch {
+      return false;
+    }
+    try {
+      const c = this.#addon.constants;
+      return this.#addon.waitid(fd, c.WEXITED | c.WNOHANG) !== null;
+    } catch {
+      // ECHILD: not ours to reap after all
+      return false;
+    } finally {
+      this.#addon.close(fd);
+    }
+  }
+
+  childSubreaper(): boolean {
+    return this.#addon.getChildSubreaper();
+  }
+
   setChildSubreaper(on: boolean): boolean {
     this.#addon.setChildSubreaper(on);
     return true;
@@ -281,9 +315,26 @@ export class NativeBackend implements Backend {
     return readStatOf(pid);
   }
 
+  children(pid: number): number[] {
+    return childrenOf(pid);
+  }
+
+  sessionMembers(session: number): number[] {
+    return sessionMembersOf(session);
+  }
+
+  unproven(pid: number): PidRef {
+    return new UnprovenPidRef(pid);
+  }
+
   bootId(): string {
     // The boot id cannot change while we run.
     return (this.#bootId ??= this.#addon.readBootId());
+  }
+
+  async matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]> {
+    assertOwnProc(procRoot);
+    return this.#addon.matchArgv(procRoot, argv);
   }
 
   async listProcesses(procRoot?: string): Promise<ProcEntry[]> {

@@ -99,10 +99,31 @@ export interface Backend {
   inspectPinned(pid: number, options?: { reapIfChild?: boolean }): { raw: RawIdentity; ref: PidRef };
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
+  /** Whether pid is a child this backend spawned and will reap itself (never to be reaped by anyone else). */
+  spawnedHere(pid: number): boolean;
+  /** Reaps a zombie child of ours now (waitid WNOHANG through a pidfd); false when it is not one. */
+  reapZombie(pid: number): boolean;
+  /** Whether this process is a child subreaper now; null where the backend cannot tell. */
+  childSubreaper(): boolean | null;
   bootId(): string;
   /** /proc/<pid>/stat, parsed; null when there is no such process. A cheap read for display, never proof. */
   stat(pid: number): StatFields | null;
+  /** The pids of a process's children ([] when it is gone). A listing, not proof: each is pinned and re-checked. */
+  children(pid: number): number[];
+  /** The pids in a session (by stat's session field). A listing, not proof: each is pinned and re-checked. */
+  sessionMembers(session: number): number[];
+  /**
+   * A reference for a process whose identity cannot be proven (off Linux,
+   * allowUnprovable): signals by pid, polls liveness by signal 0.
+   */
+  unproven(pid: number): PidRef;
   spawn(req: SpawnRequest): SpawnedChild;
+  /**
+   * The pids whose argv is exactly `argv`, compared as bytes, reading only
+   * cmdline (off the event loop on the native backend). Candidates, not
+   * proof: each is inspected under a pin. Exhaustion is thrown.
+   */
+  matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]>;
   /** Scans the process table (off the event loop on the native backend). */
   listProcesses(procRoot?: string): Promise<ProcEntry[]>;
   /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */

@@ -119,9 +119,12 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     emit('quarantine', { ...entry, message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled` });
   };
 
+  // Cleaned instances share one fsync of the state dir, at the end.
+  let unsynced = false;
   const clean = async (m: Manifest, reason: string, pid?: number) => {
     removeDeclaredPaths(m.paths, emit, m.id);
-    await store.remove(m.id);
+    await store.remove(m.id, { sync: false });
+    unsynced = true;
     const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
     report.cleaned.push(entry);
     emit('clean', { ...entry, message: `${m.id}: ${reason}; state cleaned, nothing signalled` });
@@ -164,6 +167,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       emit('warning', { id, reason: entry.reason, message: `${id}: recovery deferred (${(e as Error).message}); call recover() again` });
     }
   }
+  if (unsynced) await store.syncDir();
   return report;
 
   async function unreadable(id: string, err: unknown): Promise<void> {

@@ -393,8 +393,14 @@ export class StateStore {
    * left with a warning naming them, and the instance counts as removed.
    * `removed`: whether anything custody wrote was there to remove.
    */
-  async remove(name: string): Promise<{ removed: boolean; left: string[] }> {
+  /**
+   * `sync: false` leaves the state dir's fsync to a later syncDir(): recovery
+   * cleans many gone instances with one fsync (a crash before it only brings
+   * back manifests of processes proven gone, which the next recovery cleans).
+   */
+  async remove(name: string, options: { sync?: boolean } = {}): Promise<{ removed: boolean; left: string[] }> {
     assertEntryName(name);
+    const sync = options.sync !== false;
     const at = this.#held().at(name);
     const show = this.#sd.show(name);
     try {
@@ -407,7 +413,7 @@ export class StateStore {
       }
       if (st.isSymbolicLink()) {
         unlinkSync(at);
-        await this.#sd.fsync();
+        if (sync) await this.#sd.fsync();
         return { removed: true, left: [] };
       }
       if (!st.isDirectory()) {
@@ -447,11 +453,20 @@ export class StateStore {
           });
         }
       }
-      await this.#sd.fsync();
+      if (sync) await this.#sd.fsync();
       return { removed, left };
     } catch (err) {
       if (err instanceof CustodyError) throw err;
       throw new StateIOError(`cannot remove the state of ${name}`, err);
+    }
+  }
+
+  /** Makes earlier removals durable: one fsync of the state dir. */
+  async syncDir(): Promise<void> {
+    try {
+      await this.#sd.fsync();
+    } catch (err) {
+      throw new StateIOError('cannot sync the state dir', err);
     }
   }
 

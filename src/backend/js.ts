@@ -12,8 +12,7 @@ import { readFileSync, statSync, readdirSync } from 'node:fs';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
-import { UnprovenPidRef } from './unproven.js';
+import { assertOwnProc, ProcReads } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -303,12 +302,13 @@ class ChildPidRef implements PidRef {
   }
 }
 
-export class JsBackend implements Backend {
+export class JsBackend extends ProcReads implements Backend {
   readonly name = 'js' as const;
   #caps: Capabilities;
   #bootId: string | undefined;
 
   constructor(caps: Capabilities) {
+    super();
     this.#caps = caps;
   }
 
@@ -375,22 +375,6 @@ export class JsBackend implements Backend {
   inspectPinned(pid: number): { raw: RawIdentity; ref: PidRef } {
     const raw = this.inspect(pid);
     return { raw, ref: new JsPidRef(pid, raw.startTicks) };
-  }
-
-  stat(pid: number): StatFields | null {
-    return readStatOf(pid);
-  }
-
-  children(pid: number): number[] {
-    return childrenOf(pid);
-  }
-
-  sessionMembers(session: number): number[] {
-    return sessionMembersOf(session);
-  }
-
-  unproven(pid: number): PidRef {
-    return new UnprovenPidRef(pid);
   }
 
   bootId(): string {

@@ -7,10 +7,9 @@ import { openSync, closeSync, readFileSync } from 'node:fs';
 import { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
-import { parseStatusField, type StatFields } from '../proc.js';
+import { parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
-import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
-import { UnprovenPidRef } from './unproven.js';
+import { assertOwnProc, ProcReads } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -231,7 +230,7 @@ function fromAddon(r: AddonInspect): RawIdentity {
   };
 }
 
-export class NativeBackend implements Backend {
+export class NativeBackend extends ProcReads implements Backend {
   readonly name = 'native' as const;
   #addon: NativeAddon;
   #caps: Capabilities;
@@ -241,6 +240,7 @@ export class NativeBackend implements Backend {
   #devNull: number;
 
   constructor(addon: NativeAddon, caps: Capabilities) {
+    super();
     this.#addon = addon;
     this.#caps = caps;
     this.#devNull = openSync('/dev/null', 'r+');
@@ -309,22 +309,6 @@ export class NativeBackend implements Backend {
   setChildSubreaper(on: boolean): boolean {
     this.#addon.setChildSubreaper(on);
     return true;
-  }
-
-  stat(pid: number): StatFields | null {
-    return readStatOf(pid);
-  }
-
-  children(pid: number): number[] {
-    return childrenOf(pid);
-  }
-
-  sessionMembers(session: number): number[] {
-    return sessionMembersOf(session);
-  }
-
-  unproven(pid: number): PidRef {
-    return new UnprovenPidRef(pid);
   }
 
   bootId(): string {

@@ -8,6 +8,8 @@
 import { existsSync, readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
+import type { PidRef } from './types.js';
+import { UnprovenPidRef } from './unproven.js';
 
 let pidNsCache: number | null | undefined;
 
@@ -109,4 +111,26 @@ export function sessionMembersOf(session: number, procRoot = '/proc'): number[] 
     }
   }
   return out;
+}
+
+/**
+ * What both backends read the same way, through plain /proc reads: stat,
+ * children, session members; and the reference for an unprovable process.
+ */
+export abstract class ProcReads {
+  stat(pid: number): StatFields | null {
+    return readStatOf(pid);
+  }
+
+  children(pid: number): number[] {
+    return childrenOf(pid);
+  }
+
+  sessionMembers(session: number): number[] {
+    return sessionMembersOf(session);
+  }
+
+  unproven(pid: number): PidRef {
+    return new UnprovenPidRef(pid);
+  }
 }

@@ -2,6 +2,7 @@
  * Errors with stable `code`s. Callers branch on `err.code`, never on the
  * message. Every class is exported so `instanceof` works too.
  */
+import { describeExit } from './exit.js';
 import type { ExitStatus } from './types.js';
 
 export type CustodyErrorCode =
@@ -81,7 +82,7 @@ export class LaunchExitedError extends CustodyError {
   readonly signal: NodeJS.Signals | null;
   readonly stderrTail: string | undefined;
   constructor(id: string, pid: number | undefined, status: ExitStatus, stderrTail?: string) {
-    const how = status.signal ? `signal ${status.signal}` : status.code !== null ? `code ${status.code}` : 'unknown status';
+    const how = describeExit(status);
     super(
       'ERR_CUSTODY_LAUNCH_EXITED',
       `launch of ${id}${pid ? ` (pid ${pid})` : ''} exited with ${how}${stderrTail ? `; stderr: ${stderrTail.trim()}` : ''}`,

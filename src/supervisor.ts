@@ -27,6 +27,8 @@ import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateTree } from './tree.js';
 import { backend } from './backend/index.js';
+import { describeExit } from './exit.js';
+import { UNKNOWN_EXIT } from './signals.js';
 import { assertOwnProc } from './backend/procview.js';
 import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
 import { displayArg } from './bytes.js';
@@ -501,7 +503,7 @@ export class Supervisor {
     const emitEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
       this.#emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
     if (t.status === 'exited' || h.exitStatus) {
-      const st = t.exit ?? h.exitStatus ?? { code: null, signal: null };
+      const st = t.exit ?? h.exitStatus ?? UNKNOWN_EXIT;
       return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
     }
     if (options.graceful) {
@@ -769,9 +771,6 @@ function notFound(id: string, status?: InstanceStatus, wanted = 'running or exit
   return new CustodyError('ERR_CUSTODY_NOT_FOUND', status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`);
 }
 
-function describeExit(s: ExitStatus): string {
-  return s.signal ? `signal ${s.signal}` : s.code !== null ? `code ${s.code}` : 'status unknown';
-}
 
 function validateSpec(spec: LaunchSpec): void {
   if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');

@@ -3,7 +3,8 @@
  * polling pidfds on the libuv loop (one epoll registration each, O(1) per
  * exit); children come from clone(CLONE_PIDFD | CLONE_VFORK | CLONE_VM).
  */
-import { openSync, closeSync, readFileSync } from 'node:fs';
+import { openSync, closeSync, constants as fsc, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
@@ -232,6 +233,8 @@ function fromAddon(r: AddonInspect): RawIdentity {
 
 export class NativeBackend extends ProcReads implements Backend {
   readonly name = 'native' as const;
+  /** The vfork-style child writes itself into the target's cgroup.procs before execve (native/spawn.cc). */
+  readonly cgroupPlacement = 'child-write' as const;
   #addon: NativeAddon;
   #caps: Capabilities;
   #bootId: string | undefined;
@@ -311,6 +314,10 @@ export class NativeBackend extends ProcReads implements Backend {
     return true;
   }
 
+  probeCloneIntoCgroup(): string {
+    return this.#addon.probeCloneIntoCgroup();
+  }
+
   bootId(): string {
     // The boot id cannot change while we run.
     return (this.#bootId ??= this.#addon.readBootId());
@@ -370,12 +377,21 @@ export class NativeBackend extends ProcReads implements Backend {
           toClose.push(childEnd);
         } else fds[i] = target.fd;
       });
-      const { pid, pidfd } = this.#addon.spawn(req.file, req.argv, req.env, {
-        cwd: req.cwd,
-        stdio: fds,
-        newSession: req.newSession,
-        newGroup: req.newGroup,
-      });
+      // Opened here, written by the child: it allocates nothing and opens nothing.
+      const procs = req.cgroup ? openSync(join(req.cgroup, 'cgroup.procs'), fsc.O_WRONLY) : null;
+      let spawned;
+      try {
+        spawned = this.#addon.spawn(req.file, req.argv, req.env, {
+          cwd: req.cwd,
+          stdio: fds,
+          newSession: req.newSession,
+          newGroup: req.newGroup,
+          ...(procs !== null ? { cgroupProcs: procs } : {}),
+        });
+      } finally {
+        if (procs !== null) closeSync(procs);
+      }
+      const { pid, pidfd } = spawned;
       const ref = new NativePidRef(this.#addon, pid, pidfd, 'spawned', this.#caps.exitInfoOfNonChildren);
       const streams = parentEnds.map((fd, i) => {
         if (fd === null) return null;

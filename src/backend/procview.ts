@@ -114,8 +114,38 @@ export function sessionMembersOf(session: number, procRoot = '/proc'): number[] 
 }
 
 /**
+ * A process's cgroup v2 path (the `0::` line of /proc/<pid>/cgroup), as its
+ * hierarchy names it from our cgroup namespace; null when the process is
+ * gone or the host has no cgroup v2 hierarchy. A read, not proof: callers
+ * re-check the start ticks of the process they pinned.
+ */
+export function cgroupOfPid(pid: number, procRoot = '/proc'): string | null {
+  assertOwnProc(procRoot);
+  let text: string;
+  try {
+    text = readFileSync(`${procRoot}/${pid}/cgroup`, 'latin1');
+  } catch (err) {
+    if (gone(err)) return null;
+    throw err;
+  }
+  return parseCgroupV2Line(text);
+}
+
+/** The path of the `0::<path>` line of /proc/<pid>/cgroup text, or null. */
+export function parseCgroupV2Line(text: string): string | null {
+  for (const line of text.split('\n')) if (line.startsWith('0::')) return line.slice(3);
+  return null;
+}
+
+/** /proc/self/mountinfo as text (where cgroup v2 is mounted is read from it, never assumed). */
+export function readMountinfo(): string {
+  return readFileSync('/proc/self/mountinfo', 'latin1');
+}
+
+/**
  * What both backends read the same way, through plain /proc reads: stat,
- * children, session members; and the reference for an unprovable process.
+ * children, session members, cgroup, mountinfo; and the reference for an
+ * unprovable process.
  */
 export abstract class ProcReads {
   stat(pid: number): StatFields | null {
@@ -128,6 +158,14 @@ export abstract class ProcReads {
 
   sessionMembers(session: number): number[] {
     return sessionMembersOf(session);
+  }
+
+  cgroupOf(pid: number): string | null {
+    return cgroupOfPid(pid);
+  }
+
+  mountinfo(): string {
+    return readMountinfo();
   }
 
   unproven(pid: number): PidRef {

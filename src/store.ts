@@ -59,6 +59,8 @@ export interface Manifest {
   uid?: number | null;
   /** The session custody created for the instance, while the target is in it: its members are the instance's. */
   session?: number | null;
+  /** The instance's cgroup (cgroup v2): its absolute path and id (the directory's inode), written before spawn. */
+  cgroup?: { path: string; id: string } | null;
   /** Where the pid came from. */
   pidSource: 'child' | 'file' | 'function';
   pidFile: string | null;
@@ -156,6 +158,11 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (v.uid !== undefined && v.uid !== null && !isInt(v.uid, 0)) throw bad('uid is malformed');
   if (v.session !== undefined && v.session !== null && !(isInt(v.session, 1) && (v.session as number) <= pidMax()))
     throw bad('session is malformed');
+  if (v.cgroup !== undefined && v.cgroup !== null) {
+    const c = v.cgroup;
+    const ok = isObj(c) && typeof c.path === 'string' && c.path.startsWith('/') && !c.path.includes('\0');
+    if (!ok || typeof c.id !== 'string' || !/^\d{1,20}$/.test(c.id)) throw bad('cgroup is malformed');
+  }
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);
     if (problem) throw bad(problem);

@@ -31,7 +31,14 @@ import {
 } from 'node:fs';
 import * as path from 'node:path';
 import { backend, cgroupCapabilities } from './backend/index.js';
-import { cgroup2Mounts, cgroupFeatures, hierarchyPath, mountOf, readControllers, type MountEntry } from './backend/cgroupv2.js';
+import {
+  cgroup2Mounts,
+  cgroupFeatures,
+  hierarchyPath,
+  mountOf,
+  readControllers,
+  type MountEntry,
+} from './backend/cgroupv2.js';
 import { BadCgroupError, CgroupTimeoutError, InvalidArgError, UnsupportedError } from './errors.js';
 import { sleep } from './timing.js';
 import type { CgroupCapabilities } from './types.js';
@@ -99,12 +106,15 @@ export function cgroupName(id: string, token: string): string {
 /** Validates launch limits (shape and range); which controllers they need. */
 export function validateLimits(limits: unknown): CgroupLimits | undefined {
   if (limits === undefined) return undefined;
-  if (!limits || typeof limits !== 'object') throw new InvalidArgError('limits must be { memoryMax?, pidsMax?, cpuMax? }');
+  if (!limits || typeof limits !== 'object')
+    throw new InvalidArgError('limits must be { memoryMax?, pidsMax?, cpuMax? }');
   const l = limits as Record<string, unknown>;
-  for (const k of Object.keys(l)) if (!(k in LIMIT_CONTROLLER)) throw new InvalidArgError(`unknown limit ${JSON.stringify(k)}`);
+  for (const k of Object.keys(l))
+    if (!(k in LIMIT_CONTROLLER)) throw new InvalidArgError(`unknown limit ${JSON.stringify(k)}`);
   const count = (v: unknown, what: string, min: number) => {
     if (v === undefined || v === 'max') return;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) throw new InvalidArgError(`${what} must be 'max' or an integer >= ${min}`);
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min)
+      throw new InvalidArgError(`${what} must be 'max' or an integer >= ${min}`);
   };
   count(l.memoryMax, 'limits.memoryMax', 1);
   count(l.pidsMax, 'limits.pidsMax', 1);
@@ -113,7 +123,13 @@ export function validateLimits(limits: unknown): CgroupLimits | undefined {
     if (!c || typeof c !== 'object') throw new InvalidArgError('limits.cpuMax must be { quotaUsec, periodUsec? }');
     count(c.quotaUsec, 'limits.cpuMax.quotaUsec', 1000);
     if (c.quotaUsec === undefined) throw new InvalidArgError('limits.cpuMax needs quotaUsec');
-    if (c.periodUsec !== undefined && (typeof c.periodUsec !== 'number' || !Number.isSafeInteger(c.periodUsec) || c.periodUsec < 1000 || c.periodUsec > 1_000_000)) {
+    if (
+      c.periodUsec !== undefined &&
+      (typeof c.periodUsec !== 'number' ||
+        !Number.isSafeInteger(c.periodUsec) ||
+        c.periodUsec < 1000 ||
+        c.periodUsec > 1_000_000)
+    ) {
       throw new InvalidArgError('limits.cpuMax.periodUsec must be an integer from 1000 to 1000000');
     }
   }
@@ -194,7 +210,10 @@ export class InstanceCgroup {
     }
   }
 
-  /** cgroup.kill (Linux 5.14): SIGKILL to every process in it and below, atomically against forks. false where the kernel lacks it. */
+  /**
+   * cgroup.kill (Linux 5.14): SIGKILL to every process in it and below,
+   * atomically against forks. false where the kernel lacks it.
+   */
   kill(): boolean {
     try {
       writeFile(path.join(this.path, 'cgroup.kill'), '1');
@@ -239,10 +258,12 @@ export class InstanceCgroup {
     try {
       writeFile(path.join(this.path, 'cgroup.freeze'), on ? '1' : '0');
     } catch (err) {
-      if (code(err) === 'ENOENT' && this.exists()) throw new UnsupportedError(`cgroup.freeze needs Linux >= 5.2 (${this.path} has none)`);
+      if (code(err) === 'ENOENT' && this.exists())
+        throw new UnsupportedError(`cgroup.freeze needs Linux >= 5.2 (${this.path} has none)`);
       throw err;
     }
-    if (!(await this.#until(() => this.frozen() === on, ms))) throw new CgroupTimeoutError(this.path, on ? 'frozen' : 'thawed', ms);
+    if (!(await this.#until(() => this.frozen() === on, ms)))
+      throw new CgroupTimeoutError(this.path, on ? 'frozen' : 'thawed', ms);
   }
 
   /** Whether freeze was asked for (cgroup.freeze reads 1), whether or not every process has stopped yet. */
@@ -271,7 +292,10 @@ export class InstanceCgroup {
     if (limits.memoryMax !== undefined) writeFile(path.join(this.path, 'memory.max'), v(limits.memoryMax));
     if (limits.pidsMax !== undefined) writeFile(path.join(this.path, 'pids.max'), v(limits.pidsMax));
     if (limits.cpuMax !== undefined) {
-      writeFile(path.join(this.path, 'cpu.max'), `${v(limits.cpuMax.quotaUsec)} ${limits.cpuMax.periodUsec ?? 100_000}`);
+      writeFile(
+        path.join(this.path, 'cpu.max'),
+        `${v(limits.cpuMax.quotaUsec)} ${limits.cpuMax.periodUsec ?? 100_000}`,
+      );
     }
   }
 
@@ -324,7 +348,8 @@ export class CgroupRoot {
   static validate(options: unknown): { root: string; mount: MountEntry } {
     if (!options || typeof options !== 'object') throw new InvalidArgError('cgroup must be { root }');
     const given = (options as CgroupOptions).root;
-    if (typeof given !== 'string' || given === '' || given.includes('\0')) throw new InvalidArgError('cgroup.root must be a non-empty path');
+    if (typeof given !== 'string' || given === '' || given.includes('\0'))
+      throw new InvalidArgError('cgroup.root must be a non-empty path');
     if (!path.isAbsolute(given)) throw new BadCgroupError(given, 'not an absolute path');
     const caps = cgroupCapabilities();
     if (!caps.cgroup) throw new BadCgroupError(given, `no cgroup v2 here: ${caps.cgroupReason}`);
@@ -334,7 +359,11 @@ export class CgroupRoot {
     const mount = mountOf(real, cgroup2Mounts(backend.mountinfo()));
     const fsType = statfsSync(existing).type;
     if (!mount || fsType !== CGROUP2_SUPER_MAGIC) {
-      throw new BadCgroupError(given, `not on a cgroup v2 mount (cgroup v2 is mounted at ${caps.cgroup.mount}; ${existing} has filesystem type 0x${fsType.toString(16)})`);
+      throw new BadCgroupError(
+        given,
+        `not on a cgroup v2 mount (cgroup v2 is mounted at ${caps.cgroup.mount}; ` +
+          `${existing} has filesystem type 0x${fsType.toString(16)})`,
+      );
     }
     if (mount.readOnly) throw new BadCgroupError(given, `its cgroup v2 mount ${mount.mountPoint} is read-only`);
     if (existing === normal) {
@@ -344,7 +373,11 @@ export class CgroupRoot {
     try {
       accessSync(existing, fsc.W_OK);
     } catch (err) {
-      throw new BadCgroupError(given, `${existing} is not writable by this process (${code(err)}); delegate the subtree to it`, { cause: err });
+      throw new BadCgroupError(
+        given,
+        `${existing} is not writable by this process (${code(err)}); delegate the subtree to it`,
+        { cause: err },
+      );
     }
     return { root: real, mount };
   }
@@ -381,7 +414,10 @@ export class CgroupRoot {
       try {
         writeFile(path.join(dir, 'cgroup.subtree_control'), line);
       } catch (err) {
-        const why = code(err) === 'EBUSY' ? `${dir} has processes of its own (move them into a leaf cgroup first)` : `${code(err)}`;
+        const why =
+          code(err) === 'EBUSY'
+            ? `${dir} has processes of its own (move them into a leaf cgroup first)`
+            : `${code(err)}`;
         this.#enabled = readControllers(this.dir, 'cgroup.subtree_control');
         return `cgroup controllers ${missing.join(', ')} could not be turned on for instances: ${why}`;
       }
@@ -393,24 +429,37 @@ export class CgroupRoot {
   /** What holds for this root: the mount, the kernel's features, placement, the controllers offered and on. */
   capabilities(): CgroupCapabilities {
     const host = cgroupCapabilities().cgroup!;
-    return { ...host, root: this.root, readOnly: false, ...this.#features, controllers: [...this.#offered], enabled: [...this.#enabled] };
+    return {
+      ...host,
+      root: this.root,
+      readOnly: false,
+      ...this.#features,
+      controllers: [...this.#offered],
+      enabled: [...this.#enabled],
+    };
   }
 
-  /** Refuses limits whose controller the root does not offer (ERR_CUSTODY_UNSUPPORTED), else turns it on. Before anything is made. */
+  /**
+   * Refuses limits whose controller the root does not offer
+   * (ERR_CUSTODY_UNSUPPORTED), else turns it on. Before anything is made.
+   */
   prepareLimits(limits: CgroupLimits | undefined): void {
     if (!limits) return;
-    const needed = (Object.keys(limits) as Array<keyof CgroupLimits>).filter((k) => limits[k] !== undefined).map((k) => LIMIT_CONTROLLER[k]);
+    const needed = (Object.keys(limits) as Array<keyof CgroupLimits>)
+      .filter((k) => limits[k] !== undefined)
+      .map((k) => LIMIT_CONTROLLER[k]);
     const absent = needed.filter((c) => !this.#offered.includes(c));
     if (absent.length) {
       throw new UnsupportedError(
-        `limits need the ${absent.join(', ')} controller(s), which cgroup root ${this.root} does not offer (its cgroup.controllers: ${this.#offered.join(' ') || 'none'})`,
+        `limits need the ${absent.join(', ')} controller(s), which cgroup root ${this.root} does not offer ` +
+          `(its cgroup.controllers: ${this.#offered.join(' ') || 'none'})`,
       );
     }
     const failed = this.#enable(needed);
     if (failed) throw new UnsupportedError(failed);
   }
 
-  /** Creates the cgroup of one launch, with its limits. A leftover of that name (never expected) is an error, not reused. */
+  /** Creates the cgroup of one launch, with its limits. A leftover of that name (never expected) is an error, never reused. */
   create(id: string, token: string, limits?: CgroupLimits): InstanceCgroup {
     const dir = path.join(this.dir, cgroupName(id, token));
     try {
@@ -472,7 +521,10 @@ export class CgroupRoot {
     });
   }
 
-  /** On close: the sub-cgroup goes when no instance cgroup is left in it. The root is the operator's (and maybe other supervisors'): it stays. */
+  /**
+   * On close: the sub-cgroup goes when no instance cgroup is left in it.
+   * The root is the operator's (and maybe other supervisors'): it stays.
+   */
   close(): void {
     try {
       rmdirSync(this.dir);

@@ -265,7 +265,7 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
   const opened: number[] = [];
   try {
     const stdio = stdioTargets(options.stdio, opened);
-    let child;
+    let child: ReturnType<typeof backend.spawn>;
     try {
       child = backend.spawn({
         file,

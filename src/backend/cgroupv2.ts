@@ -19,7 +19,7 @@ export interface MountEntry {
 }
 
 /** mountinfo escapes space, tab, newline and backslash as \\ooo. */
-function unescape(field: string): string {
+function unescapeField(field: string): string {
   return field.replace(/\\([0-7]{3})/g, (_m, oct: string) => String.fromCharCode(Number.parseInt(oct, 8)));
 }
 
@@ -36,7 +36,12 @@ export function parseMountinfo(text: string): MountEntry[] {
     const dash = f.indexOf('-', 6);
     if (f.length < 10 || dash < 0 || dash + 1 >= f.length) continue;
     const opts = (f[5] ?? '').split(',');
-    out.push({ root: unescape(f[3]!), mountPoint: unescape(f[4]!), fsType: f[dash + 1]!, readOnly: opts.includes('ro') });
+    out.push({
+      root: unescapeField(f[3]!),
+      mountPoint: unescapeField(f[4]!),
+      fsType: f[dash + 1]!,
+      readOnly: opts.includes('ro'),
+    });
   }
   return out;
 }
@@ -56,7 +61,7 @@ export function mountOf(dir: string, mounts: readonly MountEntry[]): MountEntry 
   return best;
 }
 
-/** The hierarchy path of a directory on a cgroup2 mount, as /proc/<pid>/cgroup shows it: the mount's root plus the rest. */
+/** A directory's path in the hierarchy, as /proc/<pid>/cgroup shows it: the mount's root plus the rest. */
 export function hierarchyPath(dir: string, mount: MountEntry): string {
   return path.posix.join(mount.root, path.posix.relative(mount.mountPoint, dir));
 }
@@ -70,9 +75,12 @@ export function readControllers(dir: string, file = 'cgroup.controllers'): strin
   }
 }
 
-/** cgroup.kill (Linux 5.14) and cgroup.freeze (5.2) exist in every non-root cgroup of a kernel that has them, never in the root. */
+/** cgroup.kill (Linux 5.14) and cgroup.freeze (5.2) are in every non-root cgroup of a kernel that has them, never in the root. */
 export function cgroupFeatures(nonRoot: string): { kill: boolean; freeze: boolean } {
-  return { kill: existsSync(path.join(nonRoot, 'cgroup.kill')), freeze: existsSync(path.join(nonRoot, 'cgroup.freeze')) };
+  return {
+    kill: existsSync(path.join(nonRoot, 'cgroup.kill')),
+    freeze: existsSync(path.join(nonRoot, 'cgroup.freeze')),
+  };
 }
 
 /** A non-root cgroup under the mount to look for feature files in: our own, else any child of the mount's root. */
@@ -101,17 +109,26 @@ export interface CgroupProbeInput {
 }
 
 /** What cgroup v2 offers on this host, described at its mount's root, or why there is none. */
-export function probeCgroup(input: CgroupProbeInput): { cgroup: CgroupCapabilities } | { cgroup: null; reason: string } {
+export function probeCgroup(
+  input: CgroupProbeInput,
+): { cgroup: CgroupCapabilities } | { cgroup: null; reason: string } {
   if (input.platform !== 'linux') return { cgroup: null, reason: `${input.platform} has no cgroups` };
   let mounts: MountEntry[];
   try {
     mounts = cgroup2Mounts(input.mountinfo());
   } catch (err) {
-    return { cgroup: null, reason: `/proc/self/mountinfo could not be read (${(err as NodeJS.ErrnoException).code ?? err})` };
+    return {
+      cgroup: null,
+      reason: `/proc/self/mountinfo could not be read (${(err as NodeJS.ErrnoException).code ?? err})`,
+    };
   }
   // A bind mount of a subtree shows a deeper root: the whole hierarchy's is preferred.
   const mount = mounts.find((m) => m.root === '/') ?? mounts[0];
-  if (!mount) return { cgroup: null, reason: 'no cgroup2 filesystem in /proc/self/mountinfo (a cgroup v1-only host, or none mounted)' };
+  if (!mount)
+    return {
+      cgroup: null,
+      reason: 'no cgroup2 filesystem in /proc/self/mountinfo (a cgroup v1-only host, or none mounted)',
+    };
   let own: string | null = null;
   try {
     own = input.ownCgroup();
@@ -119,7 +136,9 @@ export function probeCgroup(input: CgroupProbeInput): { cgroup: CgroupCapabiliti
     own = null;
   }
   const nonRoot = someNonRootCgroup(mount, own);
-  const features = nonRoot ? cgroupFeatures(nonRoot) : { kill: input.kernelAtLeast(5, 14), freeze: input.kernelAtLeast(5, 2) };
+  const features = nonRoot
+    ? cgroupFeatures(nonRoot)
+    : { kill: input.kernelAtLeast(5, 14), freeze: input.kernelAtLeast(5, 2) };
   const controllers = readControllers(mount.mountPoint);
   return {
     cgroup: {

@@ -8,7 +8,7 @@
  * start time to detect, not prevent, a mixed identity. capabilities() says so.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { accessSync, constants as fsc, readFileSync, statSync, readdirSync } from 'node:fs';
+import { accessSync, closeSync, constants as fsc, openSync, readFileSync, statSync, readdirSync } from 'node:fs';
 import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { NotAProcessError, UnsupportedError } from '../errors.js';
@@ -510,8 +510,12 @@ function placed(req: SpawnRequest, env: NodeJS.ProcessEnv): [string, string[], s
   if (!finds) {
     throw new UnsupportedError(`the js backend cannot place ${req.file} in a cgroup under argv[0] ${JSON.stringify(argv0)}: its exec wrapper runs argv[0] as given; use the native backend`);
   }
+  const procs = join(req.cgroup!, 'cgroup.procs');
+  // A cgroup that is not there (or not ours to write) fails here, at once,
+  // as on the native backend, not as the wrapper's exit status later.
+  closeSync(openSync(procs, fsc.O_WRONLY));
   const pwd = env.PWD === undefined ? 'unset' : `set:${env.PWD}`;
-  return [PLACE_SHELL, ['-c', PLACE_SCRIPT, join(req.cgroup!, 'cgroup.procs'), pwd, ...req.argv], 'sh'];
+  return [PLACE_SHELL, ['-c', PLACE_SCRIPT, procs, pwd, ...req.argv], 'sh'];
 }
 
 function spawnFailure(child: ChildProcess, file: string): Error {

@@ -379,7 +379,7 @@ export class NativeBackend extends ProcReads implements Backend {
       });
       // Opened here, written by the child: it allocates nothing and opens nothing.
       const procs = req.cgroup ? openSync(join(req.cgroup, 'cgroup.procs'), fsc.O_WRONLY) : null;
-      let spawned;
+      let spawned: { pid: number; pidfd: number };
       try {
         spawned = this.#addon.spawn(req.file, req.argv, req.env, {
           cwd: req.cwd,

@@ -310,7 +310,9 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     if (signal?.aborted) throw new AbortError(signal.reason);
     let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
     try {
-      pinned = backend.inspectPinned(pid, { reapIfChild: true });
+      // A pid function may name a child of Node's child_process: its owner
+      // reaps it, and reaping it here would rob libuv of its exit.
+      pinned = backend.inspectPinned(pid, { reapIfChild: typeof a.pidSpec !== 'function' });
     } catch (err) {
       // A TID is refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
       const code = (err as NodeJS.ErrnoException).code;

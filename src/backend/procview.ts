@@ -6,6 +6,7 @@
  * as that /proc numbers it: equal to process.pid only when it is ours.
  */
 import { existsSync, readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { decodeArg } from '../bytes.js';
 import { ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
 import type { PidRef } from './types.js';
@@ -47,6 +48,25 @@ export function readStatOf(pid: number, procRoot = '/proc'): StatFields | null {
     return parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'));
   } catch (err) {
     if (gone(err)) return null;
+    throw err;
+  }
+}
+
+/**
+ * The path /proc/<pid>/exe links to, in custody's lossless string form (a
+ * path is bytes, as argv is), with the kernel's " (deleted)" suffix when the
+ * file is gone. A name for people: identity.exe (dev, ino) is what proves
+ * the executable, and the pid may name another process by the time this
+ * returns, so a caller re-verifies the identity after it. null for a kernel
+ * thread, a process we may not look at (EACCES, EPERM) or no process.
+ */
+export function exePath(pid: number, procRoot = '/proc'): string | null {
+  assertOwnProc(procRoot);
+  try {
+    return decodeArg(readlinkSync(`${procRoot}/${pid}/exe`, { encoding: 'buffer' }));
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (gone(err) || code === 'EACCES' || code === 'EPERM') return null;
     throw err;
   }
 }

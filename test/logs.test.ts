@@ -228,7 +228,14 @@ describe(`the cap (${backend.name})`, () => {
       await new Promise((r) => setTimeout(r, 10));
     }
     expect(Math.min(...sizes)).toBeLessThan(64 * 1024);
-    expect(statSync(`${files.stderr}.1`).size).toBe(4096);
+    // The rotated generation is replaced at every check: read it between two.
+    await waitFor(() => {
+      try {
+        return statSync(`${files.stderr}.1`).size === 4096;
+      } catch {
+        return false;
+      }
+    }, 5000, 'a whole rotated generation');
     expect(events).toEqual([]);
   });
 

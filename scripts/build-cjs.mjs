@@ -56,7 +56,9 @@ for (const file of walk(path.join(stage, 'src'))) {
     `// CommonJS build: the path and URL this file has in the ESM build (scripts/build-cjs.mjs).\n` +
     `const ${SHIM}_file = __custodyResolve(__dirname, ${JSON.stringify(twin)});\n` +
     `const ${SHIM} = __custodyPathToFileURL(${SHIM}_file).href;\n`;
-  writeFileSync(file, header + body);
+  // A shebang must stay the first line.
+  const shebang = body.startsWith('#!') ? body.slice(0, body.indexOf('\n') + 1) : '';
+  writeFileSync(file, shebang + header + body.slice(shebang.length));
   shimmed++;
 }
 

@@ -12,11 +12,11 @@ import { readFileSync, statSync, readdirSync } from 'node:fs';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
+import { assertOwnProc, childrenOf, readEnvironOf, readStatOf, sessionMembersOf } from './procview.js';
 import { UnprovenPidRef } from './unproven.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
-import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
 
 function esrch(pid: number, syscall: string): NodeJS.ErrnoException {
   const err = new Error(`${syscall} ESRCH (No such process): pid ${pid}`) as NodeJS.ErrnoException;
@@ -445,6 +445,18 @@ export class JsBackend implements Backend {
       }
     }
     return out;
+  }
+
+  readEnviron(ref: PidRef, maxBytes: number): Buffer {
+    return readEnvironOf(ref, maxBytes);
+  }
+
+  openNotify(): NotifyListener {
+    // Node has no unix datagram sockets, nor a way to receive SCM_CREDENTIALS.
+    throw new UnsupportedError(
+      "ready: 'notify' needs the native backend: receiving sd_notify datagrams with their senders' credentials " +
+        `takes a unix datagram socket with SO_PASSCRED, which Node cannot open (${this.#caps.reason ?? 'js backend'})`,
+    );
   }
 
   tryLock(): 'unsupported' {

@@ -9,11 +9,20 @@ import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
 import { parseStatusField, type StatFields } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
-import { assertOwnProc, childrenOf, readStatOf, sessionMembersOf } from './procview.js';
+import { assertOwnProc, childrenOf, readEnvironOf, readStatOf, sessionMembersOf } from './procview.js';
 import { UnprovenPidRef } from './unproven.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
-import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+import type {
+  Backend,
+  NotifyDatagram,
+  NotifyListener,
+  PidRef,
+  ProcEntry,
+  RawIdentity,
+  SpawnedChild,
+  SpawnRequest,
+} from './types.js';
 
 // siginfo si_code values for a child's end (CLD_*).
 const CLD_EXITED = 1;
@@ -355,6 +364,40 @@ export class NativeBackend implements Backend {
       out.push({ pid, ppid, pgrp, session, uid, startTicks, state, argv });
     }
     return out;
+  }
+
+  readEnviron(ref: PidRef, maxBytes: number): Buffer {
+    return readEnvironOf(ref, maxBytes);
+  }
+
+  openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener {
+    const addon = this.#addon;
+    const exitInfo = this.#caps.exitInfoOfNonChildren;
+    let open = true;
+    const { id, passPidfd } = addon.notifyOpen(name, (error, flat) => {
+      const batch: NotifyDatagram[] = [];
+      for (let i = 0; i + 4 < flat.length; i += 5) {
+        const pid = flat[i + 2] as number;
+        const fd = flat[i + 4] as number;
+        // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
+        const sender = fd >= 0 ? new NativePidRef(addon, pid, fd, 'other', exitInfo) : fd === -2 ? ('gone' as const) : null;
+        batch.push({ data: flat[i] as Buffer, truncated: flat[i + 1] as boolean, pid, uid: flat[i + 3] as number, sender });
+      }
+      if (!open) {
+        for (const d of batch) if (d.sender && d.sender !== 'gone') d.sender.close();
+        return;
+      }
+      onBatch(batch, error);
+    });
+    return {
+      address: `@${name}`,
+      pinsSenders: passPidfd,
+      close: () => {
+        if (!open) return;
+        open = false;
+        addon.notifyClose(id);
+      },
+    };
   }
 
   tryLock(fd: number): boolean {

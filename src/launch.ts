@@ -21,7 +21,19 @@ import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js
 import { removeDeclaredPaths } from './paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import { UNKNOWN_EXIT } from './signals.js';
-import { carries, describeRejection, judge, type Claim, type Rejection } from './ownership.js';
+import type { NotifyChannel } from './notify.js';
+import {
+  describeRejection,
+  ENVIRON_MAX_BYTES,
+  judge,
+  mayCarryEnvToken,
+  TOKEN_VAR,
+  tokenMarks,
+  type Claim,
+  type EnvironReader,
+  type Rejection,
+  type TokenMode,
+} from './ownership.js';
 import { terminate } from './terminate.js';
 import { terminateMembers } from './tree.js';
 import { sleep, TIMED_OUT, within } from './timing.js';
@@ -54,8 +66,11 @@ export interface SocketReady {
   probe?: (socket: string, signal: AbortSignal) => unknown;
 }
 
-/** A unix socket to connect to, or a check of your own (sync or async) that resolves once ready. */
-export type ReadySpec = SocketReady | ((instance: Instance) => unknown);
+/**
+ * 'notify': systemd's sd_notify protocol (NOTIFY_SOCKET; READY=1 from the instance's processes only; native
+ * backend). A unix socket to connect to. Or a check of your own (sync or async) that resolves once ready.
+ */
+export type ReadySpec = 'notify' | SocketReady | ((instance: Instance) => unknown);
 /** The child itself, a pidfile (systemd Type=forking), or a function (sync or async) returning the pid. */
 export type PidSpec = 'child' | { file: string } | (() => number | PromiseLike<number>);
 
@@ -66,6 +81,12 @@ export interface LaunchSpec {
   args: string[] | ((token: string) => string[]);
   /** argv elements the confirmed process must carry besides the token. */
   expect?: string[];
+  /**
+   * Where the token goes: 'argv' (default; args must carry it) or 'env': CUSTODY_TOKEN=<token> in the
+   * initial environment, proven from /proc/<pid>/environ, for programs whose argv is fixed (`/bin/sleep 300`).
+   * An environment that cannot be read (another uid) proves nothing: unprovable, never "no token".
+   */
+  token?: TokenMode;
   /**
    * The program the confirmed process must be running, compared by device
    * and inode with /proc/<pid>/exe. Give it when a launcher's own argv
@@ -129,8 +150,19 @@ const spinCell = new Int32Array(new SharedArrayBuffer(4));
 const MAX_ARGV_SPINS = 40;
 const ARGV_SPIN_MS = 0.05;
 
-/** Rejections that waiting cannot change: the pid is someone else's (not a launcher still exec'ing). */
-const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace']);
+/**
+ * Rejections that waiting cannot change: the pid is someone else's (not a launcher still exec'ing), or its
+ * environment may not be read (another uid; root reads every one), so it can never be proven.
+ */
+const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace', 'environ']);
+
+/** Our own child: exec'd into `executable` (if named) and carrying the marks; why not, or null. */
+function ownChildMarks(a: Attempt, claim: Claim, live: ProcessIdentity, environ: EnvironReader): Rejection | null {
+  if (a.executable && !(live.exe !== null && live.exe.dev === a.executable.dev && live.exe.ino === a.executable.ino)) {
+    return 'exe';
+  }
+  return tokenMarks(claim, live, environ);
+}
 
 /** What the attempt's target must show, for the ownership rule. */
 export function claimOf(a: Attempt): Claim {
@@ -140,13 +172,21 @@ export function claimOf(a: Attempt): Claim {
     program: a.executable ? { exe: a.executable } : a.pidSpec === 'child' ? { argv: [a.command, ...a.argv] } : null,
     launcherExe: a.pidSpec === 'child' ? null : (a.launcherExe ?? null),
     uid: a.uid,
+    tokenMode: a.tokenMode,
   };
+}
+
+/** Reads a pinned process's environment for an env-mode judgement (syscalls stay in the backend). */
+export function environOf(ref: PidRef): EnvironReader {
+  return () => backend.readEnviron(ref, ENVIRON_MAX_BYTES);
 }
 
 
 export interface Attempt {
   id: string;
   token: string;
+  /** Where the token is: the argv, or CUSTODY_TOKEN in the environment. */
+  tokenMode: TokenMode;
   /** The command as spawned (argv[0]) and its arguments. */
   command: string;
   argv: string[];
@@ -155,6 +195,8 @@ export interface Attempt {
   expect: string[];
   /** dev/ino the confirmed exe must have, when the spec names an executable. */
   executable: { dev: number; ino: number } | null;
+  /** The executable as the spec names it (env-mode scans look for processes whose argv[0] names it). */
+  executablePath: string | null;
   /** dev/ino of the spawned child's program (the launcher, in pidfile or function mode). */
   launcherExe?: { dev: number; ino: number } | null;
   paths: string[];
@@ -169,6 +211,23 @@ export interface Attempt {
   target: ProcessHandle | null;
   identity: ProcessIdentity | null;
   stderrTail: () => string | undefined;
+  /** With ready: 'notify', the socket bound for the attempt (closed when the attempt ends, whichever way). */
+  notify: NotifyChannel | null;
+}
+
+/**
+ * The child's environment: the spec's (or ours), plus CUSTODY_TOKEN (env mode; first, so a bounded read of
+ * /proc/<pid>/environ finds it) and NOTIFY_SOCKET (ready: 'notify'), which nothing inherited may override.
+ * undefined when nothing is added: the child then takes the spec's env as given.
+ */
+export function childEnv(a: Attempt, env: Record<string, string | undefined> | undefined): Record<string, string | undefined> | undefined {
+  if (a.tokenMode !== 'env' && !a.notify) return env;
+  const out: Record<string, string | undefined> = {};
+  if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
+  Object.assign(out, env ?? process.env);
+  if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
+  if (a.notify) out.NOTIFY_SOCKET = a.notify.address;
+  return out;
 }
 
 /**
@@ -188,7 +247,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   try {
     child = spawn(spec.command, a.argv, {
       stdio: ['ignore', stdio(spec.stdout, logs?.stdout), stdio(spec.stderr, logs?.stderr)],
-      env: spec.env,
+      env: childEnv(a, spec.env),
       cwd: spec.cwd,
       detached: spec.detached !== false,
       newGroup: spec.processGroup === true,
@@ -226,7 +285,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   }
 }
 
-function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): LaunchExitedError {
+export function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): LaunchExitedError {
   return new LaunchExitedError(a.id, pid, status, a.stderrTail());
 }
 
@@ -308,17 +367,20 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
       throw exitedError(a, pid, st);
     }
     const live = toIdentity(pid, pinned.raw, backend.bootId());
+    const claim = claimOf(a);
+    const environ = environOf(pinned.ref);
     // Our own child is ours by birth: it only has to have exec'd into the
-    // argv. A pid a launcher or a function reported must pass the ownership
-    // rule on its own marks (token, program, uid; never the launcher's fork).
-    // (A child exec'ing through a wrapper must still reach `executable`.)
-    const verdict = pid === child.pid ? null : judge(claimOf(a), live, undefined, true);
-    if (verdict && !verdict.ours && PERMANENT.has(verdict.why)) {
+    // argv (or, in env mode, into an environment with the token: before exec
+    // the child's is ours). A pid a launcher or a function reported must pass
+    // the ownership rule on its own marks (token, program, uid; never the
+    // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
+    const verdict = pid === child.pid ? null : judge(claim, live, undefined, true, environ);
+    const why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
+    if (why && PERMANENT.has(why)) {
       pinned.ref.close();
-      throw new NotOursError(a.id, pid, describeRejection(pid, verdict.why));
+      throw new NotOursError(a.id, pid, describeRejection(pid, why));
     }
-    const exeOk = !a.executable || (live.exe !== null && live.exe.dev === a.executable.dev && live.exe.ino === a.executable.ino);
-    if ((verdict ? verdict.ours : exeOk) && carries(live.argv, a.token, a.expect)) {
+    if (why === null) {
       a.identity = live;
       if (pid === child.pid) {
         // Our own child: its pidfd from birth already pins it.
@@ -358,6 +420,10 @@ export async function waitReady(
   timeoutMs: number,
   signal?: AbortSignal,
 ): Promise<void> {
+  if (ready === 'notify') {
+    await a.notify!.wait(timeoutMs, signal);
+    return;
+  }
   const target = a.target!;
   const over = new AbortController();
   const probeFailure: { last?: unknown } = {};
@@ -390,7 +456,7 @@ export async function waitReady(
 }
 
 /** How long a failed launch waits for an exit status the kernel does not have yet. */
-const EXIT_STATUS_WAIT_MS = 2000;
+export const EXIT_STATUS_WAIT_MS = 2000;
 
 /**
  * Whether the confirmed process still runs: not seen to exit, not a zombie,
@@ -471,9 +537,13 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
   const claim = claimOf(a);
+  const launched = [a.command, ...a.argv];
+  // Env mode: the token is in environments, read only of processes whose argv fits the launch.
+  const candidate = (argv: string[]) =>
+    a.tokenMode === 'env' ? mayCarryEnvToken(argv, launched, a.executablePath) : argv.some((x) => x.includes(a.token));
   try {
     for (const p of await backend.listProcesses()) {
-      if (rootPids.has(p.pid) || !p.argv.some((x) => x.includes(a.token))) continue;
+      if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
       let pinned;
       try {
         pinned = backend.inspectPinned(p.pid, { reapIfChild: true });
@@ -483,12 +553,14 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
       }
       // Re-checked under the pin: the scan alone proves nothing.
       const live = toIdentity(p.pid, pinned.raw, backend.bootId());
-      const verdict = judge(claim, live, { pids: rootPids, session: a.session });
+      const verdict = judge(claim, live, { pids: rootPids, session: a.session }, false, environOf(pinned.ref));
       if (verdict.ours) {
         extra.push(new ProcessHandle(pinned.ref, { identity: live, spawned: false }));
         continue;
       }
       pinned.ref.close();
+      // In env mode most candidates are merely the same program: only a token carrier is worth a warning.
+      if (a.tokenMode === 'env' && verdict.why === 'token') continue;
       if (verdict.why !== 'gone') emit('warning', { id: a.id, pid: p.pid, reason: verdict.why, message: `abandon left ${describeRejection(p.pid, verdict.why)}` });
     }
     const { members } = await terminateMembers([...roots, ...extra], {

@@ -6,8 +6,10 @@
  *
  * Cost: the manifests are read once; interrupted launches are found by
  * token in ONE process-table scan per recover(), indexed by token, and only
- * candidates are inspected (under a pin) after it. Ownership is decided by
- * the ownership module, as at launch.
+ * candidates are inspected (under a pin) after it. An env-mode launch's
+ * token is in environments: from the same scan, only the processes whose
+ * argv fits the launch have theirs read. Ownership is decided by the
+ * ownership module, as at launch.
  */
 import { statSync } from 'node:fs';
 import { backend, capabilities } from './backend/index.js';
@@ -16,7 +18,17 @@ import { BadManifestError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
-import { describeRejection, indexByToken, judge, type Claim, type DevIno, type Judgement } from './ownership.js';
+import { environOf } from './launch.js';
+import {
+  describeRejection,
+  envToken,
+  indexByToken,
+  judge,
+  mayCarryEnvToken,
+  type Claim,
+  type DevIno,
+  type Judgement,
+} from './ownership.js';
 import { removeDeclaredPaths } from './paths.js';
 import { readPidfile } from './pidfile.js';
 import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest, type StateStore } from './store.js';
@@ -52,13 +64,14 @@ export interface RecoveryHost {
   defer(id: string, error: Error): void;
 }
 
-type Pinned = { identity: ProcessIdentity; handle: ProcessHandle };
+/** A process read under a pin; `environ` reads its environment under the same pin. */
+type Pinned = { identity: ProcessIdentity; handle: ProcessHandle; environ: () => Buffer };
 
 function pin(pid: number): Pinned | null {
   try {
     const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
     const identity = toIdentity(pid, raw, backend.bootId());
-    return { identity, handle: new ProcessHandle(ref, { identity, spawned: false }) };
+    return { identity, handle: new ProcessHandle(ref, { identity, spawned: false }), environ: environOf(ref) };
   } catch (err) {
     if (isNoProcess(err)) return null;
     throw err;
@@ -84,12 +97,14 @@ function targetClaim(m: Manifest): Claim {
     program: exe ? { exe } : m.pidSource === 'child' ? { argv: [m.command, ...m.args] } : null,
     launcherExe: m.pidSource === 'child' ? null : fileId(m.command),
     uid: m.uid ?? null,
+    tokenMode: m.tokenMode ?? 'argv',
   };
 }
 
 /** The launcher custody spawned (or its fork before exec): exactly the recorded argv. */
 function launcherClaim(m: Manifest): Claim {
-  return { token: m.token, expect: [], program: { argv: [m.command, ...m.args] }, launcherExe: null, uid: m.uid ?? null };
+  const tokenMode = m.tokenMode ?? 'argv';
+  return { token: m.token, expect: [], program: { argv: [m.command, ...m.args] }, launcherExe: null, uid: m.uid ?? null, tokenMode };
 }
 
 /** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
@@ -143,11 +158,14 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     }
   }
   // One scan for all interrupted launches, indexed by their tokens.
-  const startingTokens = new Set(manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m.token] : [])));
-  let scan: Promise<Map<string, ProcEntry[]>> | undefined;
-  const carriersOf = (token: string) => {
-    scan ??= backend.listProcesses().then((rows) => indexByToken(rows, startingTokens));
-    return scan.then((index) => index.get(token) ?? []);
+  const starting = manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m] : []));
+  const startingTokens = new Set(starting.flatMap((m) => (m.tokenMode === 'env' ? [] : [m.token])));
+  let scan: Promise<{ rows: ProcEntry[]; index: Map<string, ProcEntry[]> }> | undefined;
+  const carriersOf = async (m: Manifest): Promise<number[]> => {
+    scan ??= backend.listProcesses().then((rows) => ({ rows, index: indexByToken(rows, startingTokens) }));
+    const { rows, index } = await scan;
+    if (m.tokenMode !== 'env') return (index.get(m.token) ?? []).map((p) => p.pid);
+    return envCarriers(m, rows);
   };
 
   for (const { id, m, err } of manifests) {
@@ -242,9 +260,10 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     // declared paths in its live argv and the executable; start ticks are never repaired.
     const claim: Claim = { ...targetClaim(m), program: fileId(m.executable) ? { exe: fileId(m.executable)! } : null, launcherExe: null };
     // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
-    const j = judge(claim, l.identity, undefined, true);
+    const j = judge(claim, l.identity, undefined, true, l.environ);
     if (!j.ours) {
       l.handle.close();
+      // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
       const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' ? 'mismatch' : 'unprovable';
       const field = j.why === 'init' || j.why === 'self' || j.why === 'ancestor' ? 'pid' : j.why;
       await quarantine(id, m, reason, v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : field);
@@ -288,12 +307,12 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     if (m.pidSource === 'function' && !m.executable) {
       // The pid came from a function recovery cannot call again, and nothing
       // else names the target's program: no carrier can be proven the target.
-      const carriers = await carriersOf(m.token);
+      const carriers = await carriersOf(m);
       if (carriers.length === 0) return clean(m, 'gone');
       return quarantine(m.id, m, 'unprovable', 'executable');
     }
     const deadline = Date.now() + STARTING_CONFIRM_MS;
-    let candidates = (await carriersOf(m.token)).map((p) => p.pid);
+    let candidates = await carriersOf(m);
     for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
       const chosen = await findTarget(m, target, candidates);
       if (chosen) {
@@ -320,7 +339,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const pid = readPidfile(m.pidFile);
       if (pid === null) return null;
       const p = pin(pid);
-      if (p && judge(claim, p.identity, undefined, true).ours) return p;
+      if (p && judge(claim, p.identity, undefined, true, p.environ).ours) return p;
       p?.handle.close();
       return null;
     }
@@ -328,7 +347,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     for (const pid of candidates) {
       const p = pin(pid);
       if (!p) continue;
-      const j = judge(claim, p.identity);
+      const j = judge(claim, p.identity, undefined, false, p.environ);
       if (j.ours) ours.push(p);
       else {
         reject(m, p.identity.pid, j);
@@ -337,9 +356,36 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     }
     // A process and its own fork may both qualify: the target is the one that is no other's parent.
     const parents = new Set(ours.map((c) => c.identity.ppid));
-    const chosen = ours.find((c) => !parents.has(c.identity.pid)) ?? null;
+    // An env-mode token is inherited by every process the launch starts (a launcher's `sleep 0.6` too), and
+    // the child custody spawned is never the child of another carrier: the target is one whose parent is not.
+    const spawnedChild = (c: Pinned) => m.tokenMode !== 'env' || m.pidSource !== 'child' || !candidates.includes(c.identity.ppid);
+    const chosen = ours.find((c) => !parents.has(c.identity.pid) && spawnedChild(c)) ?? null;
     for (const c of ours) if (c !== chosen) c.handle.close();
     return chosen;
+  }
+
+  /**
+   * An env-mode launch's possible carriers: the scan's processes whose argv fits the launch (never every
+   * process), those whose environment has the token, or cannot be read (the rule then says unprovable).
+   */
+  function envCarriers(m: Manifest, rows: ProcEntry[]): number[] {
+    const launched = [m.command, ...m.args];
+    const out: number[] = [];
+    for (const row of rows) {
+      if (!mayCarryEnvToken(row.argv, launched, m.executable)) continue;
+      const p = pin(row.pid);
+      if (!p) continue;
+      try {
+        if (envToken(p.environ()) === m.token) out.push(row.pid);
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code === 'EACCES' || code === 'EPERM') out.push(row.pid);
+        else if (!isNoProcess(err)) throw err;
+      } finally {
+        p.handle.close();
+      }
+    }
+    return out;
   }
 
   function reject(m: Manifest, pid: number, j: Judgement): void {
@@ -353,7 +399,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     for (const pid of candidates) {
       const p = pin(pid);
       if (!p) continue;
-      const verdicts = claims.map((c) => judge(c, p.identity));
+      const verdicts = claims.map((c) => judge(c, p.identity, undefined, false, p.environ));
       if (verdicts.some((v) => v.ours)) roots.push(p.handle);
       else {
         reject(m, pid, verdicts[0]!);

@@ -5,7 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync, statSync } from 'node:fs';
-import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from './errors.js';
+import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError, UnsupportedError } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
@@ -20,6 +20,7 @@ import {
   type Instance,
   type LaunchSpec,
 } from './launch.js';
+import { NotifyChannel } from './notify.js';
 import { recover, type RecoveryReport } from './recover.js';
 import { removeDeclaredPaths } from './paths.js';
 import { assertEntryName, assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
@@ -320,10 +321,12 @@ export class Supervisor {
     const argv = typeof spec.args === 'function' ? spec.args(token) : spec.args;
     assertStringArray(argv, 'args');
     const pidSpec = spec.pid ?? 'child';
+    const tokenMode = spec.token ?? 'argv';
     // Only where the child's own argv is the target's can it be checked up
     // front: a launcher may assemble the target's argv (and its token) from
-    // its own, and only the confirmed target must carry it.
-    if (pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
+    // its own, and only the confirmed target must carry it. In env mode the
+    // environment carries it, whatever the argv.
+    if (tokenMode === 'argv' && pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
       throw new InvalidArgError(`args of ${spec.id} must carry the launch token: pass args as a function of the token`);
     }
     const pidFile = typeof pidSpec === 'object' ? pidSpec.file : null;
@@ -336,6 +339,7 @@ export class Supervisor {
       version: MANIFEST_VERSION,
       id: spec.id,
       token,
+      tokenMode,
       state: 'starting',
       identity: null,
       command: spec.command,
@@ -354,12 +358,14 @@ export class Supervisor {
     const a: Attempt = {
       id: spec.id,
       token,
+      tokenMode,
       command: spec.command,
       argv,
       uid: spec.uid ?? null,
       session: null,
       expect: manifest.expect,
       executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
+      executablePath: spec.executable ?? null,
       paths: manifest.paths,
       pidSpec,
       launcherExits: spec.launcherExits !== false,
@@ -367,6 +373,7 @@ export class Supervisor {
       target: null,
       identity: null,
       stderrTail: () => undefined,
+      notify: null,
     };
     // Stale paths of an earlier run would make readiness lie.
     removeDeclaredPaths(a.paths, this.#emit, spec.id);
@@ -380,10 +387,12 @@ export class Supervisor {
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
+      // Bound before the spawn, so nothing the instance sends is lost; closed in the finally below.
+      if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
       startChild(a, spec, logs);
       this.#emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
       const deadline = Date.now() + confirmTimeoutMs;
-      const pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
+      let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
       this.#emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
       const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
@@ -391,7 +400,10 @@ export class Supervisor {
         const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
         await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
-        this.#emit('ready', { id: spec.id, pid, message: 'ready' });
+        // A notify launch's MAINPID= may have made another pid the target (re-confirmed).
+        pid = a.target!.pid;
+        a.notify?.close();
+        this.#emit('ready', { id: spec.id, pid, message: spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready' });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
@@ -410,6 +422,8 @@ export class Supervisor {
       this.#emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
+      // Nothing said from here on counts.
+      a.notify?.close();
       let ended: number[];
       try {
         ended = await this.#withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, this.#emit));
@@ -793,9 +807,17 @@ function validateSpec(spec: LaunchSpec): void {
   if (spec.launcherExits !== undefined && (typeof spec.launcherExits !== 'boolean' || !pidFile)) {
     throw new InvalidArgError('launcherExits is a boolean, and only for pid: { file }');
   }
-  if (spec.ready !== undefined && typeof spec.ready !== 'function') {
+  if (spec.token !== undefined && spec.token !== 'argv' && spec.token !== 'env') {
+    throw new InvalidArgError("token must be 'argv' or 'env'");
+  }
+  if (spec.ready === 'notify') {
+    // Refused before anything exists: no manifest, no process.
+    if (!backend.capabilities().notify) {
+      throw new UnsupportedError(`ready: 'notify' needs the native backend (${backend.capabilities().reason ?? backend.name})`);
+    }
+  } else if (spec.ready !== undefined && typeof spec.ready !== 'function') {
     if (!spec.ready || typeof spec.ready.socket !== 'string' || !spec.ready.socket.startsWith('/')) {
-      throw new InvalidArgError('ready must be { socket: absolutePath, probe?, timeoutMs? } or a function');
+      throw new InvalidArgError("ready must be 'notify', { socket: absolutePath, probe?, timeoutMs? } or a function");
     }
     if (spec.ready.probe !== undefined && typeof spec.ready.probe !== 'function') {
       throw new InvalidArgError('ready.probe must be a function');

@@ -220,9 +220,10 @@ export interface Attempt {
  * /proc/<pid>/environ finds it) and NOTIFY_SOCKET (ready: 'notify'), which nothing inherited may override.
  * undefined when nothing is added: the child then takes the spec's env as given.
  */
-export function childEnv(a: Attempt, env: Record<string, string | undefined> | undefined): Record<string, string | undefined> | undefined {
+type Env = Record<string, string | undefined>;
+export function childEnv(a: Attempt, env: Env | undefined): Env | undefined {
   if (a.tokenMode !== 'env' && !a.notify) return env;
-  const out: Record<string, string | undefined> = {};
+  const out: Env = {};
   if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
   Object.assign(out, env ?? process.env);
   if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;

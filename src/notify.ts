@@ -231,7 +231,9 @@ export class NotifyChannel {
       id: a.id,
       pid: next.identity.pid,
       identity: next.identity,
-      message: `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule; it is the target now, identity recorded from that inspection`,
+      message:
+        `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule: the target now, ` +
+        'its identity recorded from that inspection',
     });
   }
 

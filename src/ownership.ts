@@ -198,7 +198,13 @@ function byToken(claim: Claim, live: ProcessIdentity, reported: boolean, environ
  * `environ` reads the process's environment under the same pin: an env-mode
  * claim cannot be met without it.
  */
-export function judge(claim: Claim, live: ProcessIdentity, members?: Members, reported = false, environ?: EnvironReader): Judgement {
+export function judge(
+  claim: Claim,
+  live: ProcessIdentity,
+  members?: Members,
+  reported = false,
+  environ?: EnvironReader,
+): Judgement {
   const guarded = protectedPid(live.pid);
   if (guarded) return { ours: false, why: guarded };
   if (dead(live.state)) return { ours: false, why: 'gone' };
@@ -225,7 +231,7 @@ export function describeRejection(pid: number, why: Rejection): string {
     namespace: 'it is in another pid namespace',
     uid: 'it runs as another uid',
     token: 'it does not carry the launch token',
-    environ: 'its environment, where the launch token would be, cannot be read (another uid, or not dumpable): unprovable',
+    environ: 'its environment, where the token would be, cannot be read (another uid, or not dumpable): unprovable',
     expect: 'it lacks an expected argument',
     exe: 'it runs another executable',
     argv: 'its argv is not the launched argv',
@@ -271,7 +277,11 @@ export function indexByToken<T extends { argv: string[] }>(rows: Iterable<T>, wa
  * argv itself (the target with pid 'child', or a launcher and its forks), or a process whose argv[0] names the
  * `executable` (path or file name). Every other process is passed over: its environment is never read.
  */
-export function mayCarryEnvToken(argv: readonly string[], launched: readonly string[], executable: string | null): boolean {
+export function mayCarryEnvToken(
+  argv: readonly string[],
+  launched: readonly string[],
+  executable: string | null,
+): boolean {
   if (argv.length === launched.length && argv.every((a, i) => a === launched[i])) return true;
   if (!executable || argv.length === 0) return false;
   const first = argv[0]!;

@@ -104,7 +104,41 @@ function targetClaim(m: Manifest): Claim {
 /** The launcher custody spawned (or its fork before exec): exactly the recorded argv. */
 function launcherClaim(m: Manifest): Claim {
   const tokenMode = m.tokenMode ?? 'argv';
-  return { token: m.token, expect: [], program: { argv: [m.command, ...m.args] }, launcherExe: null, uid: m.uid ?? null, tokenMode };
+  const program = { argv: [m.command, ...m.args] };
+  return { token: m.token, expect: [], program, launcherExe: null, uid: m.uid ?? null, tokenMode };
+}
+
+/** Env tokens found in one scan: CUSTODY_TOKEN's value -> pids, and the processes whose environment may not be read. */
+interface EnvIndex {
+  byToken: Map<string, number[]>;
+  unreadable: ProcEntry[];
+}
+
+/**
+ * Reads, under a pin, the environment of each scanned process that fits one of the env-mode launches (its
+ * argv is the launch's, or its argv[0] names the executable), once however many launches it fits; every
+ * other process's environment is never read.
+ */
+function envIndex(rows: ProcEntry[], launches: Manifest[]): EnvIndex {
+  const out: EnvIndex = { byToken: new Map(), unreadable: [] };
+  if (launches.length === 0) return out;
+  const fits = launches.map((m) => ({ launched: [m.command, ...m.args], executable: m.executable }));
+  for (const row of rows) {
+    if (!fits.some((f) => mayCarryEnvToken(row.argv, f.launched, f.executable))) continue;
+    const p = pin(row.pid);
+    if (!p) continue;
+    try {
+      const token = envToken(p.environ());
+      if (token !== null) out.byToken.set(token, [...(out.byToken.get(token) ?? []), row.pid]);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'EACCES' || code === 'EPERM') out.unreadable.push(row);
+      else if (!isNoProcess(err)) throw err;
+    } finally {
+      p.handle.close();
+    }
+  }
+  return out;
 }
 
 /** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
@@ -157,15 +191,22 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       manifests.push({ id, err });
     }
   }
-  // One scan for all interrupted launches, indexed by their tokens.
+  // One scan for all interrupted launches, indexed by their tokens: argv tokens from the argv of every
+  // process; env tokens from the environments of the processes that fit an env-mode launch, each read once.
   const starting = manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m] : []));
   const startingTokens = new Set(starting.flatMap((m) => (m.tokenMode === 'env' ? [] : [m.token])));
-  let scan: Promise<{ rows: ProcEntry[]; index: Map<string, ProcEntry[]> }> | undefined;
+  const envLaunches = starting.filter((m) => m.tokenMode === 'env');
+  let scan: Promise<{ index: Map<string, ProcEntry[]>; env: EnvIndex }> | undefined;
   const carriersOf = async (m: Manifest): Promise<number[]> => {
-    scan ??= backend.listProcesses().then((rows) => ({ rows, index: indexByToken(rows, startingTokens) }));
-    const { rows, index } = await scan;
+    scan ??= backend
+      .listProcesses()
+      .then((rows) => ({ index: indexByToken(rows, startingTokens), env: envIndex(rows, envLaunches) }));
+    const { index, env } = await scan;
     if (m.tokenMode !== 'env') return (index.get(m.token) ?? []).map((p) => p.pid);
-    return envCarriers(m, rows);
+    // An environment that cannot be read may be this launch's: the rule decides (unprovable), never the scan.
+    const launched = [m.command, ...m.args];
+    const unreadable = env.unreadable.filter((p) => mayCarryEnvToken(p.argv, launched, m.executable)).map((p) => p.pid);
+    return [...(env.byToken.get(m.token) ?? []), ...unreadable];
   };
 
   for (const { id, m, err } of manifests) {
@@ -358,34 +399,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     const parents = new Set(ours.map((c) => c.identity.ppid));
     // An env-mode token is inherited by every process the launch starts (a launcher's `sleep 0.6` too), and
     // the child custody spawned is never the child of another carrier: the target is one whose parent is not.
-    const spawnedChild = (c: Pinned) => m.tokenMode !== 'env' || m.pidSource !== 'child' || !candidates.includes(c.identity.ppid);
+    const spawnedChild = (c: Pinned) =>
+      m.tokenMode !== 'env' || m.pidSource !== 'child' || !candidates.includes(c.identity.ppid);
     const chosen = ours.find((c) => !parents.has(c.identity.pid) && spawnedChild(c)) ?? null;
     for (const c of ours) if (c !== chosen) c.handle.close();
     return chosen;
-  }
-
-  /**
-   * An env-mode launch's possible carriers: the scan's processes whose argv fits the launch (never every
-   * process), those whose environment has the token, or cannot be read (the rule then says unprovable).
-   */
-  function envCarriers(m: Manifest, rows: ProcEntry[]): number[] {
-    const launched = [m.command, ...m.args];
-    const out: number[] = [];
-    for (const row of rows) {
-      if (!mayCarryEnvToken(row.argv, launched, m.executable)) continue;
-      const p = pin(row.pid);
-      if (!p) continue;
-      try {
-        if (envToken(p.environ()) === m.token) out.push(row.pid);
-      } catch (err) {
-        const code = (err as NodeJS.ErrnoException).code;
-        if (code === 'EACCES' || code === 'EPERM') out.push(row.pid);
-        else if (!isNoProcess(err)) throw err;
-      } finally {
-        p.handle.close();
-      }
-    }
-    return out;
   }
 
   function reject(m: Manifest, pid: number, j: Judgement): void {

@@ -5,7 +5,14 @@
  */
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync, statSync } from 'node:fs';
-import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError, UnsupportedError } from './errors.js';
+import {
+  AbortError,
+  CustodyError,
+  DeferredError,
+  InvalidArgError,
+  QuarantinedError,
+  UnsupportedError,
+} from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
@@ -403,7 +410,8 @@ export class Supervisor {
         // A notify launch's MAINPID= may have made another pid the target (re-confirmed).
         pid = a.target!.pid;
         a.notify?.close();
-        this.#emit('ready', { id: spec.id, pid, message: spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready' });
+        const how = spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready';
+        this.#emit('ready', { id: spec.id, pid, message: how });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
@@ -813,7 +821,8 @@ function validateSpec(spec: LaunchSpec): void {
   if (spec.ready === 'notify') {
     // Refused before anything exists: no manifest, no process.
     if (!backend.capabilities().notify) {
-      throw new UnsupportedError(`ready: 'notify' needs the native backend (${backend.capabilities().reason ?? backend.name})`);
+      const why = backend.capabilities().reason ?? backend.name;
+      throw new UnsupportedError(`ready: 'notify' needs the native backend (${why})`);
     }
   } else if (spec.ready !== undefined && typeof spec.ready !== 'function') {
     if (!spec.ready || typeof spec.ready.socket !== 'string' || !spec.ready.socket.startsWith('/')) {

@@ -68,7 +68,7 @@ export interface Capabilities {
   raceFreeIdentity: boolean;
   /** Children are created with a pidfd from birth (clone CLONE_PIDFD|CLONE_VFORK). */
   spawnWithPidfd: boolean;
-  /** ready: 'notify' (systemd's sd_notify protocol) can be used: a datagram socket with the senders' credentials (native backend). */
+  /** ready: 'notify' (systemd's sd_notify) works: a datagram socket with its senders' credentials (native backend). */
   notify: boolean;
   /**
    * Each notification carries a pidfd on its sender (SO_PASSPIDFD, Linux 6.5), so a sender that exited, and

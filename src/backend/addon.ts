@@ -41,11 +41,11 @@ export interface NativeAddon {
     envp: string[] | null,
     options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean; copyFdTable?: boolean },
   ): { pid: number; pidfd: number };
-  /** sd_notify's socket (native/notify.cc): bound to an abstract name; batch is [data, truncated, pid, uid, pidfd] per datagram. */
-  notifyOpen(name: string, callback: (error: NodeJS.ErrnoException | null, batch: Array<Buffer | boolean | number>) => void): {
-    id: number;
-    passPidfd: boolean;
-  };
+  /** sd_notify's socket (native/notify.cc), bound to an abstract name; batch: [data, truncated, pid, uid, pidfd]... */
+  notifyOpen(
+    name: string,
+    callback: (error: NodeJS.ErrnoException | null, batch: Array<Buffer | boolean | number>) => void,
+  ): { id: number; passPidfd: boolean };
   notifyClose(id: number): void;
   /** '' when SO_PASSPIDFD works here (Linux 6.5), else its errno name. */
   notifyProbe(): string;

@@ -380,8 +380,9 @@ export class NativeBackend implements Backend {
         const pid = flat[i + 2] as number;
         const fd = flat[i + 4] as number;
         // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
-        const sender = fd >= 0 ? new NativePidRef(addon, pid, fd, 'other', exitInfo) : fd === -2 ? ('gone' as const) : null;
-        batch.push({ data: flat[i] as Buffer, truncated: flat[i + 1] as boolean, pid, uid: flat[i + 3] as number, sender });
+        const sender = fd >= 0 ? new NativePidRef(addon, pid, fd, 'other', exitInfo) : fd === -2 ? 'gone' : null;
+        const [data, truncated, uid] = [flat[i] as Buffer, flat[i + 1] as boolean, flat[i + 3] as number];
+        batch.push({ data, truncated, pid, uid, sender });
       }
       if (!open) {
         for (const d of batch) if (d.sender && d.sender !== 'gone') d.sender.close();

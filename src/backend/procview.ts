@@ -5,7 +5,17 @@
  * /proc/<pid> would be some other process. `<root>/self` resolves to our pid
  * as that /proc numbers it: equal to process.pid only when it is ours.
  */
-import { closeSync, constants as fsc, existsSync, openSync, readdirSync, readFileSync, readlinkSync, readSync, statSync } from 'node:fs';
+import {
+  closeSync,
+  constants as fsc,
+  existsSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  readSync,
+  statSync,
+} from 'node:fs';
 import { ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
 import type { PidRef } from './types.js';
@@ -113,7 +123,8 @@ export function sessionMembersOf(session: number, procRoot = '/proc'): number[] 
 }
 
 function noSuchProcess(pid: number): NodeJS.ErrnoException {
-  return Object.assign(new Error(`read ESRCH (No such process): pid ${pid}`), { code: 'ESRCH', errno: -3, syscall: 'read' });
+  const err = new Error(`read ESRCH (No such process): pid ${pid}`);
+  return Object.assign(err, { code: 'ESRCH', errno: -3, syscall: 'read' });
 }
 
 /**

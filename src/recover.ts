@@ -209,6 +209,14 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     return [...(env.byToken.get(m.token) ?? []), ...unreadable];
   };
 
+  // Per interrupted env-mode launch: the candidates whose environment may not be read.
+  const unreadableEnv = new Map<string, Set<number>>();
+  const unreadableOf = (m: Manifest) => {
+    let set = unreadableEnv.get(m.id);
+    if (!set) unreadableEnv.set(m.id, (set = new Set()));
+    return set;
+  };
+
   for (const { id, m, err } of manifests) {
     try {
       if (err !== undefined) await unreadable(id, err);
@@ -366,10 +374,14 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       // Only the candidates (and what they forked since) are looked at again, never the whole table.
       const live = candidates.filter((pid) => backend.stat(pid) !== null);
       candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
-      if (live.length === 0 || Date.now() >= deadline) break;
+      // An environment that may not be read stays so: waiting cannot prove those.
+      const waitable = live.filter((pid) => !unreadableOf(m).has(pid));
+      if (waitable.length === 0 || Date.now() >= deadline) break;
       await new Promise((r) => setTimeout(r, delay));
     }
     await endOurs(m, [target, launcher], candidates);
+    // A process whose environment may not be read may be the launch's: unprovable, never "gone".
+    if (unreadableOf(m).size > 0) return quarantine(m.id, m, 'unprovable', 'environ');
     await clean(m, 'gone');
   }
 
@@ -380,7 +392,9 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const pid = readPidfile(m.pidFile);
       if (pid === null) return null;
       const p = pin(pid);
-      if (p && judge(claim, p.identity, undefined, true, p.environ).ours) return p;
+      const j = p && judge(claim, p.identity, undefined, true, p.environ);
+      if (p && j?.ours) return p;
+      if (j && !j.ours && j.why === 'environ') unreadableOf(m).add(pid);
       p?.handle.close();
       return null;
     }
@@ -408,6 +422,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
 
   function reject(m: Manifest, pid: number, j: Judgement): void {
     if (j.ours || j.why === 'gone' || j.why === 'launcher') return;
+    if (j.why === 'environ') {
+      // Said once per process: the wait for a target may ask again.
+      if (unreadableOf(m).has(pid)) return;
+      unreadableOf(m).add(pid);
+    }
     emit('warning', { id: m.id, pid, reason: j.why, message: `recovery of ${m.id}: ${describeRejection(pid, j.why)}` });
   }
 

@@ -197,7 +197,7 @@ time.sleep(30)`;
     expect(ctx.events.filter((e) => e.type === 'warning')).toEqual([]);
   });
 
-  it('an environment that may not be read is unprovable: confirm refuses it, recovery quarantines it (field environ)', async (t) => {
+  it('an environment that may not be read is unprovable: confirm refuses it; recovery, of a running or an interrupted launch, quarantines it (field environ)', async (t) => {
     // Root reads every environment; run the supervisor as another uid (or as we are, when not root).
     const python = realpathSync('/usr/bin/python3');
     const dir = tmpDir('custody-env-unprovable-');
@@ -222,6 +222,12 @@ time.sleep(30)`;
       });
       expect(r.quarantined).toEqual([expect.objectContaining({ id: 'late', reason: 'unprovable', field: 'environ' })]);
       expect(r).toMatchObject({ adopted: 0, alive: true, ended: true });
+      expect(r.starting).toEqual({
+        quarantined: [expect.objectContaining({ id: 'mid', reason: 'unprovable', field: 'environ' })],
+        cleaned: 0,
+        alive: true,
+        ended: true,
+      });
     } finally {
       dir.cleanup();
     }

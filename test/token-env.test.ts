@@ -13,6 +13,7 @@ import { envToken, mayCarryEnvToken } from '../src/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
+import { plainEnv } from './integration/plain-env.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -213,7 +214,12 @@ time.sleep(30)`;
         t.skip(true, `${python} cannot run as uid 65534 here`);
       }
       const argv = [...asUser, process.execPath, join(FIXTURES, 'env-unprovable.mjs'), state, python];
-      const out = execFileSync(argv[0]!, argv.slice(1), { encoding: 'utf8', timeout: 30_000, cwd: '/' });
+      const out = execFileSync(argv[0]!, argv.slice(1), {
+        encoding: 'utf8',
+        timeout: 30_000,
+        cwd: '/',
+        env: plainEnv(),
+      });
       const r = JSON.parse(out.trim().split('\n').pop()!);
       expect(r.confirm).toMatchObject({
         code: 'ERR_CUSTODY_NOT_OURS',

@@ -16,6 +16,7 @@ import { Supervisor, type CustodyEvent } from '../../src/index.js';
 import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
 import { isGone, killAndWait, MARKER, waitFor } from '../helpers/procs.js';
 import { FIXTURES, openSupervisor, PYTHON } from '../helpers/supervisor.js';
+import { plainEnv } from './plain-env.js';
 
 /** A program's path if it is installed (PATH and the sbin dirs a non-login shell may lack). */
 function installed(name: string): string | null {
@@ -89,6 +90,12 @@ const ssd = (pidfile: string, exec: string, args: string[]) => [
 ];
 const NO_SSD = 'start-stop-daemon is not installed (Debian package dpkg)';
 
+/**
+ * What every launch here adds: bounds with margin for a loaded machine (QEMU's -daemonize parent exits only
+ * once its fork has initialized), and an environment without a sanitizer preload (QEMU is not under test).
+ */
+const QEMU_SPEC = { confirmTimeoutMs: 30_000, env: plainEnv() };
+
 const quit = (qmp: string) => (_inst: unknown, signal: AbortSignal) => qmpQuit(qmp, { signal });
 const types = (events: CustodyEvent[], id: string) => events.filter((e) => e.id === id).map((e) => e.type);
 
@@ -105,8 +112,10 @@ async function mainPidFrom(file: string): Promise<number> {
 
 /** Runs a node script (ESM, importing the built package) and resolves its first stdout line matching `want`. */
 function nodeScript(script: string, want: RegExp): { child: ChildProcess; line: Promise<string> } {
+  // Without a sanitizer's preload: that supervisor is not under test, and its QEMU must not inherit it.
   const child = cpSpawn(process.execPath, ['--input-type=module', '-e', script], {
     stdio: ['ignore', 'pipe', 'inherit'],
+    env: plainEnv(),
   });
   strangers.push(child);
   const line = new Promise<string>((resolve, reject) => {
@@ -128,6 +137,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     const qmp = join(ctx.root, 'vm.qmp');
     const pidfile = join(ctx.root, 'vm.pid');
     const inst = await ctx.supervisor.launch({
+      ...QEMU_SPEC,
       id: 'vm',
       command: qemu,
       args: (tok) => qemuArgs(tok, qmp, ['-daemonize', '-pidfile', pidfile]),
@@ -151,6 +161,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     ctx = await openSupervisor();
     const qmp = join(ctx.root, 'vm.qmp');
     const inst = await ctx.supervisor.launch({
+      ...QEMU_SPEC,
       id: 'vm',
       command: qemu,
       args: (tok) => qemuArgs(tok, qmp),
@@ -168,6 +179,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     const pidfile = join(ctx.root, 'vm.pid');
     const plain = await ctx.supervisor
       .launch({
+        ...QEMU_SPEC,
         id: 'a',
         command: qemu,
         args: (tok) => qemuArgs(tok, qmp, ['-bogus-option']),
@@ -181,6 +193,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     });
     const forking = await ctx.supervisor
       .launch({
+        ...QEMU_SPEC,
         id: 'b',
         command: qemu,
         args: (tok) => qemuArgs(tok, qmp, ['-daemonize', '-pidfile', pidfile, '-bogus-option']),
@@ -208,6 +221,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
         const extra = daemonize ? ['-daemonize', '-pidfile', pidfile, '-device', 'bogus'] : ['-device', 'bogus'];
         const r = await ctx.supervisor
           .launch({
+            ...QEMU_SPEC,
             id: `d${i}${daemonize ? 'f' : 'c'}`,
             command: qemu,
             args: (tok) => qemuArgs(tok, qmp, extra),
@@ -238,7 +252,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     ) => `{ id: '${id}', command: ${JSON.stringify(qemu)}, executable: ${JSON.stringify(qemu)},
         args: (t) => ${JSON.stringify(qemuArgs('TOKEN', join(ctx.root, `${id}.qmp`), ['-daemonize', '-pidfile', join(ctx.root, `${id}.pid`)]))}.map((a) => a.replace('TOKEN', t)),
         pid: { file: ${JSON.stringify(join(ctx.root, `${id}.pid`))} }, ready: { socket: ${JSON.stringify(join(ctx.root, `${id}.qmp`))}, probe: ${probe} },
-        readyTimeoutMs: 60000 }`;
+        readyTimeoutMs: 60000, confirmTimeoutMs: 30000 }`;
     // One launch completes; the second one's probe never returns, so that supervisor dies with it in flight.
     const script = `
       const { Supervisor } = await import(${lib});
@@ -277,6 +291,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     const qmp = join(ctx.root, 'vm.qmp');
     const pidfile = join(ctx.root, 'vm.pid');
     const inst = await ctx.supervisor.launch({
+      ...QEMU_SPEC,
       id: 'ssd',
       command: SSD!,
       args: (tok) => ssd(pidfile, qemu, qemuArgs(tok, qmp)),
@@ -300,6 +315,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
     const qmp = join(ctx.root, 'vm.qmp');
     const out = join(ctx.root, 'launcher.out');
     const inst = await ctx.supervisor.launch({
+      ...QEMU_SPEC,
       id: 'jail',
       command: '/bin/sh',
       args: (tok) => [SPAWN_DETACHED, qemu, ...qemuArgs(tok, qmp)],
@@ -325,6 +341,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
       ctx = await openSupervisor();
       const pidfile = join(ctx.root, 'py.pid');
       const inst = await ctx.supervisor.launch({
+        ...QEMU_SPEC,
         id: 'py',
         command: SSD!,
         args: (tok) => ssd(pidfile, PYTHON, [NOTIFY_DAEMON, MARKER, tok, '--status', 'binding', '--delay', '0.3']),
@@ -352,7 +369,7 @@ describe(`QEMU under custody (${backend.name})`, () => {
       execFile(
         process.execPath,
         [join(packageRoot, 'examples', 'qemu.js')],
-        { timeout: 60_000, cwd: packageRoot },
+        { timeout: 60_000, cwd: packageRoot, env: plainEnv() },
         (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stdout}\n${stderr}`)) : resolve(stdout)),
       );
     });

@@ -64,6 +64,19 @@ export function parseNotification(data: Buffer): Notification {
 
 /** Warnings about ignored senders per launch: a flood of strangers must not flood the sink. */
 const MAX_WARNINGS = 5;
+/** Datagrams held, with their pinned senders, until the target is confirmed and they can be judged again. */
+const MAX_DEFERRED = 64;
+/** Rejections that knowing the target cannot change. */
+const FINAL = new Set<Rejection | 'unknown'>([
+  'unknown',
+  'gone',
+  'init',
+  'self',
+  'ancestor',
+  'uid',
+  'namespace',
+  'environ',
+]);
 
 type Sender = { ours: true; pid: number } | { ours: false; pid: number; why: Rejection | 'unknown' };
 
@@ -81,6 +94,8 @@ export class NotifyChannel {
   #lastStatus: string | undefined;
   #error: Error | null = null;
   #closed = false;
+  /** Rejected before confirm, sender pinned: judged again once the target is known. */
+  #deferred: NotifyDatagram[] = [];
 
   private constructor(a: Attempt, emit: Emit) {
     this.#a = a;
@@ -96,33 +111,50 @@ export class NotifyChannel {
   }
 
   #onBatch(batch: NotifyDatagram[], error: Error | null): void {
-    for (const d of batch) {
-      try {
-        this.#onDatagram(d);
-      } catch (err) {
-        // The kernel could not answer (EMFILE...): the launch fails with it rather than guess.
-        this.#error ??= err as Error;
-      } finally {
-        if (d.sender && d.sender !== 'gone') d.sender.close();
-      }
-    }
+    for (const d of batch) this.#take(d, this.#a.identity === null);
     if (error) this.#error ??= error;
     this.#wake?.();
   }
 
-  #onDatagram(d: NotifyDatagram): void {
-    if (this.#closed) return;
+  /** Handles one datagram; closes its sender's pin unless it is deferred (`mayDefer`: not yet confirmed). */
+  #take(d: NotifyDatagram, mayDefer: boolean): void {
+    let kept = false;
+    try {
+      kept = this.#onDatagram(d, mayDefer);
+    } catch (err) {
+      // The kernel could not answer (EMFILE...): the launch fails with it rather than guess.
+      this.#error ??= err as Error;
+    } finally {
+      if (!kept && d.sender && d.sender !== 'gone') d.sender.close();
+    }
+  }
+
+  /** Returns true when the datagram was deferred (its sender stays pinned). */
+  #onDatagram(d: NotifyDatagram, mayDefer: boolean): boolean {
+    if (this.#closed) return false;
     if (d.truncated) {
       this.#ignore(d.pid, 'a notification longer than 4096 bytes');
-      return;
+      return false;
     }
     const n = parseNotification(d.data);
-    if (!n.ready && n.status === undefined && n.mainPid === undefined) return;
+    if (!n.ready && n.status === undefined && n.mainPid === undefined) return false;
     const sender = this.#judgeSender(d);
     if (!sender.ours) {
+      // Before confirm the target is not known yet (a daemon can say READY=1 before its launcher's pidfile is
+      // read): a sender the kernel pinned for us is judged again then, still under that pin.
+      if (
+        mayDefer &&
+        d.sender &&
+        d.sender !== 'gone' &&
+        !FINAL.has(sender.why) &&
+        this.#deferred.length < MAX_DEFERRED
+      ) {
+        this.#deferred.push(d);
+        return true;
+      }
       const why = sender.why === 'unknown' ? 'the kernel named no sender' : describeRejection(sender.pid, sender.why);
       this.#ignore(d.pid, why);
-      return;
+      return false;
     }
     const id = this.#a.id;
     if (n.status !== undefined) {
@@ -131,6 +163,7 @@ export class NotifyChannel {
     }
     if (n.mainPid !== undefined) this.#offerMainPid(n.mainPid, sender.pid);
     if (n.ready) this.#ready = true;
+    return false;
   }
 
   #ignore(pid: number, why: string): void {
@@ -245,6 +278,8 @@ export class NotifyChannel {
   async wait(timeoutMs: number, signal?: AbortSignal): Promise<void> {
     const a = this.#a;
     const deadline = Date.now() + timeoutMs;
+    // The target is confirmed now: what came from senders not provable before is judged again, in order.
+    for (const d of this.#deferred.splice(0)) this.#take(d, false);
     for (;;) {
       if (this.#error) throw this.#error;
       this.#applyMainPid();
@@ -282,6 +317,7 @@ export class NotifyChannel {
     if (this.#closed) return;
     this.#closed = true;
     this.#listener.close();
+    for (const d of this.#deferred.splice(0)) if (d.sender && d.sender !== 'gone') d.sender.close();
     this.#mainPid?.handle.close();
     this.#mainPid = null;
     this.#wake?.();

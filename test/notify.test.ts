@@ -171,6 +171,35 @@ describe.runIf(native)('ready: notify (native)', () => {
     await ctx.supervisor.stop('n', { graceMs: 2000 });
   });
 
+  it('READY=1 sent before the target is confirmed, by a process not provable until then, counts once it is', async () => {
+    ctx = await openSupervisor();
+    const pidfile = join(ctx.root, 'd.pid');
+    // The daemon leaves the launcher's tree and session at once and says READY=1 while the launcher still
+    // runs (Type=forking: custody waits for it to exit before the pidfile names the target).
+    const inst = await ctx.supervisor.launch({
+      id: 'early',
+      command: '/bin/sh',
+      args: (t) => [
+        '-c',
+        '(setsid "$0" "$@" & echo $! > "$PIDFILE"); sleep 0.5',
+        PYTHON,
+        DAEMON,
+        MARKER,
+        t,
+        '--delay',
+        '0',
+      ],
+      env: { ...process.env, PIDFILE: pidfile },
+      pid: { file: pidfile },
+      ready: 'notify',
+      readyTimeoutMs: 10_000,
+    });
+    expect(inst.pid).toBe(Number(readFileSync(pidfile, 'utf8')));
+    expect(of(ctx.events, 'early', 'warning')).toEqual([]);
+    await ctx.supervisor.stop('early', { graceMs: 2000 });
+    expect(isGone(inst.pid)).toBe(true);
+  });
+
   it('READY=1 from a member (a child of the daemon, no token in its argv) counts', async () => {
     ctx = await openSupervisor();
     const inst = await ctx.supervisor.launch({

@@ -23,8 +23,8 @@
 
 namespace custody {
 
-// One bound socket and its uv_poll. Owns the socket fd: closed with the
-// watcher (notifyClose, or the environment's cleanup).
+// One bound socket and its uv_poll. Owns the socket fd: closed when the
+// watcher stops (notifyClose, or the environment's cleanup).
 struct NotifySocket {
   uv_poll_t poll;
   uint32_t id = 0;
@@ -50,23 +50,22 @@ constexpr int kBatch = 64;
 // be closed: a sender must not be able to leak fds into this process.
 constexpr size_t kMaxFds = 253;
 
-void OnNotifyClosed(uv_handle_t* handle) {
-  auto* s = static_cast<NotifySocket*>(handle->data);
-  if (s->fd >= 0) close(s->fd);
-  delete s;
-}
+void OnNotifyClosed(uv_handle_t* handle) { delete static_cast<NotifySocket*>(handle->data); }
 
 void StopNotify(NotifySocket* s) {
   if (s->closing) return;
   s->closing = true;
   s->data->notify_sockets.erase(s->id);
+  // uv_poll_stop takes the fd out of epoll at once, so it can be closed now:
+  // the name is free the moment close returns, not a loop turn later.
   uv_poll_stop(&s->poll);
+  close(s->fd);
+  s->fd = -1;
   s->callback.Reset();
   if (!s->in_callback) {
     delete s->context;
     s->context = nullptr;
   }
-  // The fd is closed once libuv has let go of the handle.
   uv_close(reinterpret_cast<uv_handle_t*>(&s->poll), OnNotifyClosed);
 }
 
@@ -78,9 +77,20 @@ struct Datagram {
   int pidfd = -1;  // from SCM_PIDFD; -1 when none came, -2 when the kernel could not pin the sender
 };
 
+// Fds that came with SCM_RIGHTS. None is kept, but they are closed only once
+// JavaScript has handled the batch: sd_notify_barrier(3) (BARRIER=1, as
+// systemd-notify sends after its message) waits for that close to know the
+// messages before it were processed, and only then lets its sender exit.
+struct Rights {
+  std::vector<int> fds;
+  ~Rights() {
+    for (int fd : fds) close(fd);
+  }
+};
+
 // Walks the control messages: keeps the credentials and the sender's pidfd,
-// closes every fd that came with SCM_RIGHTS.
-void TakeControl(struct msghdr* msg, Datagram* d) {
+// and the SCM_RIGHTS fds, for closing.
+void TakeControl(struct msghdr* msg, Datagram* d, Rights* rights) {
   for (struct cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
     if (c->cmsg_level != SOL_SOCKET) continue;
     size_t len = c->cmsg_len - CMSG_LEN(0);
@@ -104,7 +114,7 @@ void TakeControl(struct msghdr* msg, Datagram* d) {
       for (size_t i = 0; i < n; i++) {
         int fd;
         memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        if (fd >= 0) close(fd);
+        if (fd >= 0) rights->fds.push_back(fd);
       }
     }
   }
@@ -112,7 +122,7 @@ void TakeControl(struct msghdr* msg, Datagram* d) {
 
 // Reads up to kBatch datagrams without blocking. Returns 0 (the queue is
 // empty or the batch is full) or the errno of a failed recvmsg.
-int Drain(int fd, std::vector<Datagram>* out) {
+int Drain(int fd, std::vector<Datagram>* out, Rights* rights) {
   char buf[kMaxMessage];
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int)) +
                                        CMSG_SPACE(sizeof(int) * kMaxFds)];
@@ -129,7 +139,7 @@ int Drain(int fd, std::vector<Datagram>* out) {
     ssize_t n = CUSTODY_RETRY_EINTR(recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC));
     if (n == -1) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
     Datagram d;
-    TakeControl(&msg, &d);
+    TakeControl(&msg, &d, rights);
     d.truncated = static_cast<size_t>(n) > sizeof buf || (msg.msg_flags & MSG_TRUNC) != 0;
     d.data.assign(buf, d.truncated ? 0 : static_cast<size_t>(n));
     out->push_back(std::move(d));
@@ -145,7 +155,8 @@ void OnNotifyReadable(uv_poll_t* handle, int status, int /*events*/) {
   auto* s = static_cast<NotifySocket*>(handle->data);
   if (s->closing) return;
   std::vector<Datagram> batch;
-  int err = status < 0 ? -status : Drain(s->fd, &batch);
+  Rights rights;  // closed when this function returns, after the callback
+  int err = status < 0 ? -status : Drain(s->fd, &batch, &rights);
   Napi::Env env = s->callback.Env();
   Napi::HandleScope scope(env);
   Napi::Array flat = Napi::Array::New(env, batch.size() * 5);
@@ -230,6 +241,7 @@ Napi::Value NotifyOpen(const Napi::CallbackInfo& info) {
   rc = uv_poll_start(&s->poll, UV_READABLE, OnNotifyReadable);
   if (rc != 0) {
     s->closing = true;
+    close(fd);
     uv_close(reinterpret_cast<uv_handle_t*>(&s->poll), OnNotifyClosed);
     ThrowErrno(env, -rc, "uv_poll_start");
   }
@@ -242,13 +254,24 @@ Napi::Value NotifyOpen(const Napi::CallbackInfo& info) {
   return out;
 }
 
-// notifyClose(id): stops polling and closes the socket (the name is free
-// again at once). Unknown ids are ignored: closing twice is harmless.
-Napi::Value NotifyClose(const Napi::CallbackInfo& info) {
+NotifySocket* FindNotify(const Napi::CallbackInfo& info) {
   uint32_t id = static_cast<uint32_t>(ArgInteger(info, 0, "notify socket", 0, UINT32_MAX));
   AddonData* data = GetData(info.Env());
   auto it = data->notify_sockets.find(id);
-  if (it != data->notify_sockets.end()) StopNotify(it->second);
+  return it == data->notify_sockets.end() ? nullptr : it->second;
+}
+
+// notifyClose(id): stops polling and closes the socket (the name is free
+// again at once). Unknown ids are ignored: closing twice is harmless.
+// notifyUnref(id): the socket no longer keeps the loop alive (an instance
+// that runs on must not keep the agent from exiting).
+Napi::Value NotifyClose(const Napi::CallbackInfo& info) {
+  if (NotifySocket* s = FindNotify(info)) StopNotify(s);
+  return info.Env().Undefined();
+}
+
+Napi::Value NotifyUnref(const Napi::CallbackInfo& info) {
+  if (NotifySocket* s = FindNotify(info)) uv_unref(reinterpret_cast<uv_handle_t*>(&s->poll));
   return info.Env().Undefined();
 }
 
@@ -275,6 +298,7 @@ void CleanupNotify(AddonData* data) {
 void InitNotify(Napi::Env env, Napi::Object exports) {
   exports.Set("notifyOpen", Napi::Function::New(env, NotifyOpen, "notifyOpen"));
   exports.Set("notifyClose", Napi::Function::New(env, NotifyClose, "notifyClose"));
+  exports.Set("notifyUnref", Napi::Function::New(env, NotifyUnref, "notifyUnref"));
   exports.Set("notifyProbe", Napi::Function::New(env, NotifyProbe, "notifyProbe"));
 }
 

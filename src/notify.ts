@@ -17,8 +17,11 @@
  * - `MAINPID=n`: n becomes the target only if it passes the rule on its own
  *   marks, as a pid a launcher reports would (re-confirmed, and recorded
  *   from that inspection).
- * Everything else is ignored. The socket lives for the launch only: it is
- * closed once ready or failed, so later notifications go nowhere.
+ * Everything else is ignored. Once ready, the socket stays while the target
+ * runs and this supervisor watches it (STATUS= keeps coming as status
+ * events; MAINPID= is no longer followed); a supervisor that adopts the
+ * instance after a restart does not bind it again, so notifications then go
+ * nowhere (sd_notify reports an error the daemon may ignore).
  */
 import { randomBytes } from 'node:crypto';
 import { backend } from './backend/index.js';
@@ -96,6 +99,8 @@ export class NotifyChannel {
   #closed = false;
   /** Rejected before confirm, sender pinned: judged again once the target is known. */
   #deferred: NotifyDatagram[] = [];
+  /** Ready and running: only STATUS= (and barriers) count now. */
+  #running = false;
 
   private constructor(a: Attempt, emit: Emit) {
     this.#a = a;
@@ -161,6 +166,11 @@ export class NotifyChannel {
       this.#lastStatus = n.status;
       this.#emit('status', { id, pid: sender.pid, status: n.status, message: `STATUS=${n.status}` });
     }
+    if (this.#running) {
+      // The target was recorded at launch: a later MAINPID= would be a new one, unproven for recovery.
+      if (n.mainPid !== undefined) this.#ignore(sender.pid, `MAINPID=${n.mainPid} once running is not followed`);
+      return false;
+    }
     if (n.mainPid !== undefined) this.#offerMainPid(n.mainPid, sender.pid);
     if (n.ready) this.#ready = true;
     return false;
@@ -180,6 +190,11 @@ export class NotifyChannel {
   #judgeSender(d: NotifyDatagram): Sender {
     const pid = d.pid;
     if (!isTargetPid(pid)) return { ours: false, pid, why: 'unknown' };
+    // The kernel's pin names the sender exactly: the confirmed target is ours even if it exited since it sent
+    // (a daemon's parent that says MAINPID= and READY=1, then exits).
+    const target = this.#a.identity;
+    if (d.senderId !== null && target?.pidfsId && d.senderId === target.pidfsId && pid === target.pid)
+      return { ours: true, pid };
     if (d.sender === 'gone') return { ours: false, pid, why: 'gone' };
     let pinned: ReturnType<typeof backend.inspectPinned>;
     try {
@@ -193,7 +208,9 @@ export class NotifyChannel {
       const live = toIdentity(pid, pinned.raw, backend.bootId());
       if (this.#held(live)) return { ours: true, pid };
       const a = this.#a;
-      const pids = new Set<number>([a.child?.pid, a.target?.pid].filter((p): p is number => p !== undefined));
+      // Only pins still held: an exited launcher's pid may be someone else's by now, and so its children.
+      const held = [a.child, a.target].filter((h): h is ProcessHandle => !!h && !h.hasExited);
+      const pids = new Set<number>(held.map((h) => h.pid));
       const j = judge(claimOf(a), live, { pids, session: a.session }, false, () =>
         backend.readEnviron(pinned.ref, ENVIRON_MAX_BYTES),
       );
@@ -310,6 +327,18 @@ export class NotifyChannel {
       parts.push(`its last STATUS= was ${JSON.stringify(this.#lastStatus.slice(0, 200))}`);
     if (this.#ignored) parts.push(`${this.#ignored} notification(s) from processes not the instance's were ignored`);
     return parts.join('; ');
+  }
+
+  /**
+   * Ready: the socket stays while the instance runs, for STATUS= updates (status events) and for barriers
+   * (sd_notify_barrier(3): systemd-notify waits on one after its message and fails if nobody is there). It no
+   * longer keeps the event loop alive, and closes when the target is gone or `close()` is called.
+   */
+  keep(): void {
+    if (this.#closed) return;
+    this.#running = true;
+    this.#listener.unref();
+    void this.#a.target!.gone.then(() => this.close());
   }
 
   /** Closes the socket and any MAINPID pin not taken. Idempotent; every path of a launch ends here. */

@@ -153,6 +153,8 @@ export class Supervisor {
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
   #logs: InstanceLogs;
+  /** The sd_notify sockets of running instances launched with ready: 'notify'. */
+  #notifiers = new Set<NotifyChannel>();
 
   private constructor(options: SupervisorOptions, store: StateStore, emit: Emit) {
     this.#options = options;
@@ -409,7 +411,6 @@ export class Supervisor {
         await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
         // A notify launch's MAINPID= may have made another pid the target (re-confirmed).
         pid = a.target!.pid;
-        a.notify?.close();
         const how = spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready';
         this.#emit('ready', { id: spec.id, pid, message: how });
       }
@@ -425,6 +426,13 @@ export class Supervisor {
         a.child!.close();
       }
       const tracked = this.#track(running, a.target!);
+      const notify = a.notify;
+      if (notify) {
+        // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.
+        notify.keep();
+        this.#notifiers.add(notify);
+        void a.target!.gone.then(() => this.#notifiers.delete(notify));
+      }
       // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
       this.#reap();
       this.#emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
@@ -710,6 +718,9 @@ export class Supervisor {
     this.#closed = true;
     if (this.#sweepTimer) clearInterval(this.#sweepTimer);
     while (this.#pending.size) await Promise.allSettled([...this.#pending]);
+    // After the launches in flight: one that completed meanwhile kept its socket too.
+    for (const n of this.#notifiers) n.close();
+    this.#notifiers.clear();
     this.#logs.close();
     this.#releaseAll();
   }

@@ -6,7 +6,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
-import { capabilities, type CustodyEvent } from '../src/index.js';
+import { capabilities, Supervisor, type CustodyEvent } from '../src/index.js';
 import { parseNotification } from '../src/notify.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { hasUnshare, isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
@@ -28,6 +28,13 @@ const of = (events: CustodyEvent[], id: string, type: string) => events.filter((
 function notifySocketOf(pid: number): string {
   const env = readFileSync(`/proc/${pid}/environ`, 'latin1').split('\0');
   return env.find((kv) => kv.startsWith('NOTIFY_SOCKET='))!.slice('NOTIFY_SOCKET='.length);
+}
+
+/** Whether an abstract unix socket of that name (NOTIFY_SOCKET's '@name') is bound, from /proc/net/unix. */
+function bound(address: string): boolean {
+  return readFileSync('/proc/net/unix', 'utf8')
+    .split('\n')
+    .some((l) => l.endsWith(` ${address}`));
 }
 
 /** A python process that sends one datagram to an sd_notify socket and stays `stay` seconds. */
@@ -112,6 +119,30 @@ describe.runIf(native)('ready: notify (native)', () => {
     expect(isGone(inst.pid)).toBe(true);
   });
 
+  it('once running, STATUS= updates keep coming as status events; the socket closes with the instance, or the supervisor', async () => {
+    ctx = await openSupervisor();
+    const later = ['serving 1 client', 'serving 2 clients'];
+    const args = (t: string) => [DAEMON, MARKER, t, ...later.flatMap((l) => ['--later', l])];
+    const a = await ctx.supervisor.launch({ id: 'a', command: PYTHON, args, ready: 'notify' });
+    const b = await ctx.supervisor.launch({ id: 'b', command: PYTHON, args, ready: 'notify' });
+    await waitFor(() => of(ctx.events, 'a', 'status').length === 2, 10_000, 'the updates');
+    expect(of(ctx.events, 'a', 'status').map((e) => e.status)).toEqual(later);
+    const [sa, sb] = [notifySocketOf(a.pid), notifySocketOf(b.pid)];
+    expect([bound(sa), bound(sb)]).toEqual([true, true]);
+    await ctx.supervisor.stop('a', { graceMs: 2000 });
+    await waitFor(() => !bound(sa), 5000, "a's socket to close");
+    // Closed with the supervisor, though b runs on; the next one adopts b without a socket.
+    await ctx.supervisor.close();
+    expect([bound(sb), isGone(b.pid)]).toEqual([false, false]);
+    const { supervisor } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+    try {
+      await supervisor.stop('b', { graceMs: 2000 });
+    } finally {
+      await supervisor.close();
+    }
+    expect(isGone(b.pid)).toBe(true);
+  });
+
   it('a bystander (same uid, not a member, even naming the token) that says READY=1 first is ignored', async () => {
     ctx = await openSupervisor();
     const go = join(ctx.root, 'go');
@@ -132,7 +163,7 @@ describe.runIf(native)('ready: notify (native)', () => {
       () => (settled = true),
     );
     const daemon = await waitFor(
-      () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON)),
+      () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON) && p.cmd.includes(token)),
       5000,
       'the daemon',
     );
@@ -210,6 +241,23 @@ describe.runIf(native)('ready: notify (native)', () => {
     });
     expect(of(ctx.events, 'm', 'warning')).toEqual([]);
     await ctx.supervisor.stop('m', { graceMs: 2000 });
+    expect(isGone(inst.pid)).toBe(true);
+  });
+
+  it('a member that says READY=1 and exits the moment its BARRIER=1 is released counts; the barrier fd is closed', async () => {
+    ctx = await openSupervisor();
+    const result = join(ctx.root, 'barrier');
+    const inst = await ctx.supervisor.launch({
+      id: 'b',
+      command: PYTHON,
+      args: (t) => [DAEMON, MARKER, t, '--member-ready', '--barrier', result],
+      ready: 'notify',
+    });
+    // 0: the fd it sent was closed by custody, after the READY=1 before it was handled.
+    await waitFor(() => existsSync(result) && readFileSync(result, 'utf8'), 10_000, 'the member to exit');
+    expect(readFileSync(result, 'utf8')).toBe('0');
+    expect(of(ctx.events, 'b', 'warning')).toEqual([]);
+    await ctx.supervisor.stop('b', { graceMs: 2000 });
     expect(isGone(inst.pid)).toBe(true);
   });
 

@@ -47,6 +47,7 @@ export interface NativeAddon {
     callback: (error: NodeJS.ErrnoException | null, batch: Array<Buffer | boolean | number>) => void,
   ): { id: number; passPidfd: boolean };
   notifyClose(id: number): void;
+  notifyUnref(id: number): void;
   /** '' when SO_PASSPIDFD works here (Linux 6.5), else its errno name. */
   notifyProbe(): string;
   constants: {

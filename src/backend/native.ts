@@ -218,6 +218,15 @@ export class NativePidRef implements PidRef {
   }
 }
 
+/** A pidfd's pidfs id, or null off pidfs (before Linux 6.9) or where it cannot be read. */
+function pidfsIdOf(addon: NativeAddon, fd: number): string | null {
+  try {
+    return addon.pidfsId(fd);
+  } catch {
+    return null;
+  }
+}
+
 /** For the message only: whose thread a TID is. */
 function tgidOf(pid: number, procRoot = '/proc'): number | null {
   try {
@@ -382,7 +391,7 @@ export class NativeBackend implements Backend {
         // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
         const sender = fd >= 0 ? new NativePidRef(addon, pid, fd, 'other', exitInfo) : fd === -2 ? 'gone' : null;
         const [data, truncated, uid] = [flat[i] as Buffer, flat[i + 1] as boolean, flat[i + 3] as number];
-        batch.push({ data, truncated, pid, uid, sender });
+        batch.push({ data, truncated, pid, uid, sender, senderId: fd >= 0 ? pidfsIdOf(addon, fd) : null });
       }
       if (!open) {
         for (const d of batch) if (d.sender && d.sender !== 'gone') d.sender.close();
@@ -393,6 +402,9 @@ export class NativeBackend implements Backend {
     return {
       address: `@${name}`,
       pinsSenders: passPidfd,
+      unref: () => {
+        if (open) addon.notifyUnref(id);
+      },
       close: () => {
         if (!open) return;
         open = false;

@@ -97,14 +97,18 @@ export interface NotifyDatagram {
    * the kernel has no SO_PASSPIDFD; 'gone' when the sender had exited before the datagram was read.
    */
   sender: PidRef | null | 'gone';
+  /** The pidfs id of that pidfd (Linux 6.9): names the sender exactly, even once it has exited and been reaped. */
+  senderId: string | null;
 }
 
-/** A bound notification socket. It keeps the event loop alive until closed (it lives for one launch). */
+/** A bound notification socket. It keeps the event loop alive until closed or unref'd. */
 export interface NotifyListener {
   /** The value for NOTIFY_SOCKET: '@' and the abstract name. */
   readonly address: string;
   /** Whether datagrams carry a pidfd on their sender (NotifyDatagram.sender). */
   readonly pinsSenders: boolean;
+  /** The socket no longer keeps the event loop alive. */
+  unref(): void;
   /** Stops reading and closes the socket. Idempotent. */
   close(): void;
 }

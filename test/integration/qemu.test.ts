@@ -2,9 +2,10 @@
 // `-machine none`, QMP on a unix socket), daemonized (`-daemonize -pidfile`,
 // systemd's Type=forking) and not; start-stop-daemon as a launcher; the
 // systemd-run / Firecracker-jailer shape of a launcher that reports a pid
-// before it has exec'd; a python daemon speaking sd_notify. Readiness is QMP
-// answering (examples/qmp.js), the graceful stop QMP `quit`. Skipped, saying
-// why, where QEMU is not installed (Debian: apt-get install qemu-system-x86).
+// before it has exec'd; a python daemon speaking sd_notify, and systemd's own
+// systemd-notify from a shell script. Readiness is QMP answering
+// (examples/qmp.js), the graceful stop QMP `quit`. Skipped, saying why, where
+// QEMU is not installed (Debian: apt-get install qemu-system-x86).
 import { spawn as cpSpawn, execFile, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
@@ -13,7 +14,7 @@ import { qmpQuit, qmpReady, qmpStatus } from '../../examples/qmp.js';
 import { packageRoot } from '../../src/backend/addon.js';
 import { backend } from '../../src/backend/index.js';
 import { Supervisor, type CustodyEvent } from '../../src/index.js';
-import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
+import { expectNoLeaks, processesWithEnvMarker, processesWithMarker } from '../helpers/leaks.js';
 import { isGone, killAndWait, MARKER, waitFor } from '../helpers/procs.js';
 import { FIXTURES, openSupervisor, PYTHON } from '../helpers/supervisor.js';
 import { plainEnv } from './plain-env.js';
@@ -33,6 +34,7 @@ function installed(name: string): string | null {
 
 const QEMU = installed('qemu-system-x86_64');
 const SSD = installed('start-stop-daemon');
+const NOTIFY = installed('systemd-notify');
 const SPAWN_DETACHED = join(packageRoot, 'examples', 'spawn-detached.sh');
 const NOTIFY_DAEMON = join(FIXTURES, 'notify-daemon.py');
 const NO_QEMU = 'qemu-system-x86_64 is not installed (Debian: apt-get install qemu-system-x86; .ci/run installs it)';
@@ -355,6 +357,41 @@ describe(`QEMU under custody (${backend.name})`, () => {
       expect(types(ctx.events, 'py')).toContain('ready');
       await ctx.supervisor.stop('py', { graceMs: 5000 });
       expect(isGone(inst.pid)).toBe(true);
+    },
+    60_000,
+  );
+
+  it.runIf(backend.name === 'native')(
+    "a shell script's systemd-notify --ready (a member that exits right after, held by its BARRIER=1) counts",
+    async (t) => {
+      t.skip(NOTIFY === null, 'systemd-notify is not installed (Debian package systemd)');
+      ctx = await openSupervisor();
+      const script = `${NOTIFY} --status=loading; sleep 0.2; ${NOTIFY} --ready --status=serving; sleep 300`;
+      const inst = await ctx.supervisor.launch({
+        id: 'sh',
+        command: '/bin/sh',
+        args: (tok) => ['-c', script, tok, MARKER],
+        ready: 'notify',
+        readyTimeoutMs: 30_000,
+      });
+      expect(ctx.events.filter((e) => e.type === 'status').map((e) => e.status)).toEqual(['loading', 'serving']);
+      expect(ctx.events.filter((e) => e.type === 'warning')).toEqual([]);
+      await ctx.supervisor.stop('sh', { graceMs: 5000 });
+      expect(isGone(inst.pid)).toBe(true);
+      // Stopped the moment it is ready, the shell is forking its next command: that child, re-parented away
+      // when the shell dies, is still in the instance's session and must go with it (20 times).
+      const quick = `${NOTIFY} --ready; sleep 300`;
+      for (let i = 0; i < 20; i++) {
+        await ctx.supervisor.launch({
+          id: `q${i}`,
+          command: '/bin/sh',
+          args: (tok) => ['-c', quick, tok, MARKER],
+          ready: 'notify',
+        });
+        await ctx.supervisor.stop(`q${i}`, { graceMs: 5000 });
+        const left = processesWithEnvMarker().filter((p) => p.state !== 'Z' && p.cmd === 'sleep 300');
+        expect(left, `after stop ${i}`).toEqual([]);
+      }
     },
     60_000,
   );

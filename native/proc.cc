@@ -436,34 +436,59 @@ int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const cha
   }
 }
 
-// listProcesses(procRoot) -> Promise of a flat array, per process
-//   [pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv]
-// The scan of thousands of processes takes tens of milliseconds of kernel
-// time: it runs on the libuv threadpool so the event loop never waits for
-// it, and the result crosses as one flat array (no per-process objects).
-// Nothing here is proof of identity; callers inspect() a candidate first.
-class ScanWorker : public Napi::AsyncWorker {
+// A job on the libuv threadpool that reads /proc and settles a promise: the
+// scan of thousands of processes takes tens of milliseconds of kernel time,
+// which the event loop must not wait for. Run() returns 0 or an errno (and
+// names the call that failed); an allocation failure is ENOMEM, never a
+// crash; Result() builds the value on the JavaScript thread.
+class ProcWorker : public Napi::AsyncWorker {
  public:
-  ScanWorker(Napi::Env env, std::string root)
-      : Napi::AsyncWorker(env, "custody:scan"), root_(std::move(root)), deferred_(Napi::Promise::Deferred::New(env)) {}
+  ProcWorker(Napi::Env env, const char* name) : Napi::AsyncWorker(env, name), deferred_(Napi::Promise::Deferred::New(env)) {}
 
   Napi::Promise Promise() { return deferred_.Promise(); }
 
-  void Execute() override {
+  void Execute() final {
     try {
-      err_ = ScanProcesses(root_, &rows_, &call_);
+      err_ = Run(&call_);
     } catch (const std::bad_alloc&) {
       err_ = ENOMEM;
       call_ = "scan";
     }
   }
 
-  void OnOK() override {
+  void OnOK() final {
     Napi::Env env = Env();
     if (err_ != 0) {
       deferred_.Reject(ErrnoError(env, err_, call_).Value());
       return;
     }
+    deferred_.Resolve(Result(env));
+  }
+
+  void OnError(const Napi::Error& e) final { deferred_.Reject(e.Value()); }
+
+ protected:
+  virtual int Run(const char** call) = 0;
+  virtual Napi::Value Result(Napi::Env env) = 0;
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  int err_ = 0;
+  const char* call_ = "readdir";
+};
+
+// listProcesses(procRoot) -> Promise of a flat array, per process
+//   [pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv]
+// The result crosses as one flat array (no per-process objects). Nothing
+// here is proof of identity; callers inspect() a candidate first.
+class ScanWorker : public ProcWorker {
+ public:
+  ScanWorker(Napi::Env env, std::string root) : ProcWorker(env, "custody:scan"), root_(std::move(root)) {}
+
+ protected:
+  int Run(const char** call) override { return ScanProcesses(root_, &rows_, call); }
+
+  Napi::Value Result(Napi::Env env) override {
     Napi::Array out = Napi::Array::New(env);
     uint32_t i = 0;
     for (const ScanRow& r : rows_) {
@@ -486,17 +511,12 @@ class ScanWorker : public Napi::AsyncWorker {
       }
       out.Set(argc_slot, Napi::Number::New(env, argc));
     }
-    deferred_.Resolve(out);
+    return out;
   }
-
-  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
 
  private:
   std::string root_;
-  Napi::Promise::Deferred deferred_;
   std::vector<ScanRow> rows_;
-  int err_ = 0;
-  const char* call_ = "readdir";
 };
 
 // decodeBytes(buffer) -> string: the addon's decoding, so tests can check
@@ -516,41 +536,23 @@ Napi::Value DecodeBytesJs(const Napi::CallbackInfo& info) {
 // a live thread. Candidates are only candidates: the caller inspects each
 // under a pidfd. Exhaustion ends the scan with its errno, as in
 // ScanProcesses.
-class MatchWorker : public Napi::AsyncWorker {
+class MatchWorker : public ProcWorker {
  public:
   MatchWorker(Napi::Env env, std::string root, std::string want)
-      : Napi::AsyncWorker(env, "custody:match"),
-        root_(std::move(root)),
-        want_(std::move(want)),
-        deferred_(Napi::Promise::Deferred::New(env)) {}
+      : ProcWorker(env, "custody:match"), root_(std::move(root)), want_(std::move(want)) {}
 
-  Napi::Promise Promise() { return deferred_.Promise(); }
+ protected:
+  int Run(const char** call) override { return Match(call); }
 
-  void Execute() override {
-    try {
-      err_ = Match();
-    } catch (const std::bad_alloc&) {
-      err_ = ENOMEM;
-      call_ = "scan";
-    }
-  }
-
-  void OnOK() override {
-    Napi::Env env = Env();
-    if (err_ != 0) {
-      deferred_.Reject(ErrnoError(env, err_, call_).Value());
-      return;
-    }
+  Napi::Value Result(Napi::Env env) override {
     Napi::Array out = Napi::Array::New(env, pids_.size());
     for (uint32_t i = 0; i < pids_.size(); i++) out.Set(i, Napi::Number::New(env, static_cast<double>(pids_[i])));
-    deferred_.Resolve(out);
+    return out;
   }
 
-  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
-
  private:
-  int Match() {
-    call_ = "opendir";
+  int Match(const char** call) {
+    *call = "opendir";
     DIR* d = opendir(root_.c_str());
     if (d == nullptr) return errno;
     std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
@@ -562,12 +564,12 @@ class MatchWorker : public Napi::AsyncWorker {
       errno = 0;
       struct dirent* e = readdir(d);
       if (e == nullptr) {
-        call_ = "readdir";
+        *call = "readdir";
         return errno;
       }
       if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
       snprintf(path, sizeof path, "%s/cmdline", e->d_name);
-      call_ = "read";
+      *call = "read";
       int err = ReadAt(rootfd, path, &cmdline);
       if (err == 0 && cmdline.empty() && !want_.empty()) {
         // Empty: a kernel thread, a zombie, or a zombie leader with live threads.
@@ -598,10 +600,7 @@ class MatchWorker : public Napi::AsyncWorker {
 
   std::string root_;
   std::string want_;  // the argv as cmdline bytes: each element and a NUL
-  Napi::Promise::Deferred deferred_;
   std::vector<long long> pids_;
-  int err_ = 0;
-  const char* call_ = "readdir";
 };
 
 Napi::Value MatchArgv(const Napi::CallbackInfo& info) {

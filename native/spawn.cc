@@ -8,6 +8,14 @@
 // suspends this thread until the child has exec'd or exited, which is what
 // makes sharing memory safe and lets the child report exec failure by writing
 // into our memory.
+//
+// Instance cgroups: the child writes "0" (itself) into the target cgroup's
+// cgroup.procs, through an fd the parent opened, before it does anything
+// else, so the program it execs, and everything that forks, double-forks or
+// setsids from it, starts inside. The same before-exec guarantee as clone3
+// with CLONE_INTO_CGROUP (Linux 5.7), without a clone3 stack trampoline per
+// architecture; probeCloneIntoCgroup() reports whether the kernel has that
+// flag, for capabilities().
 #include "common.h"
 
 #include <fcntl.h>
@@ -23,6 +31,10 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
+#ifndef __NR_clone3
+#define __NR_clone3 435  // Linux 5.3, the same number on every architecture
+#endif
+
 namespace custody {
 
 namespace {
@@ -35,6 +47,9 @@ struct ChildArgs {
   int stdio[3];     // fd to become 0, 1, 2
   bool new_session;
   bool new_group;
+  // cgroup.procs of the cgroup to start in (opened O_WRONLY by the parent),
+  // or -1 to stay in ours.
+  int cgroup_procs;
   // Non-zero when cloned with CLONE_FILES: the child's first act on the
   // shared fd table is to take a private copy of only the fds below this.
   unsigned int keep_below;
@@ -47,6 +62,16 @@ struct ChildArgs {
 // async-signal-safe calls, no allocation, no locks.
 int ChildMain(void* raw) {
   auto* a = static_cast<ChildArgs*>(raw);
+
+  // First of all, before any code of ours that could fail half-way: move
+  // into the instance's cgroup. "0" names the writer (cgroup v2,
+  // Documentation/admin-guide/cgroup-v2.rst). A failed move (EBUSY: the
+  // cgroup has controllers on and children, ENOENT: it was removed, EACCES)
+  // fails the spawn: nothing of the target ever runs outside.
+  if (a->cgroup_procs >= 0 && CUSTODY_RETRY_EINTR(write(a->cgroup_procs, "0", 1)) != 1) {
+    a->failed_call = "write";
+    goto fail;
+  }
 
   // Every signal back to its default, as libuv does: Node ignores SIGPIPE and
   // installs handlers that must not run in a VM monitor. The handler table is
@@ -151,7 +176,7 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// spawn(file, argv, envp | null, { cwd, stdio: [in, out, err], newSession, newGroup, copyFdTable })
+// spawn(file, argv, envp | null, { cwd, stdio: [in, out, err], newSession, newGroup, copyFdTable, cgroupProcs })
 // -> { pid, pidfd }. `file` is an absolute or relative path (PATH search is
 // the caller's policy). Exec failure is thrown as the errno of the step that
 // failed (execve ENOENT, chdir ENOENT...), after the child has been reaped.
@@ -195,6 +220,15 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   }
   a.new_session = opts.Get("newSession").ToBoolean().Value();
   a.new_group = opts.Get("newGroup").ToBoolean().Value();
+  a.cgroup_procs = -1;
+  Napi::Value cg = opts.Get("cgroupProcs");
+  if (!cg.IsUndefined() && !cg.IsNull()) {
+    double v = cg.IsNumber() ? cg.As<Napi::Number>().DoubleValue() : -1;
+    if (!(v >= 0 && v <= INT32_MAX) || v != static_cast<double>(static_cast<int>(v))) {
+      throw Napi::RangeError::New(env, "cgroupProcs must be an fd from 0 to 2^31-1");
+    }
+    a.cgroup_procs = static_cast<int>(v);
+  }
   // copyFdTable: clone without CLONE_FILES (the child gets a full copy of
   // the table at clone), for tools that cannot follow a child sharing it,
   // such as valgrind, which refuses such a clone outright.
@@ -270,6 +304,32 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   return out;
 }
 
+// probeCloneIntoCgroup() -> "" when clone3 knows CLONE_INTO_CGROUP (Linux
+// 5.7), else the errno name. It asks for a clone into an fd that is not a
+// cgroup (/dev/null): a kernel with the flag refuses the fd (EBADF) before
+// any process exists; one without refuses the flag (EINVAL), one without
+// clone3 says ENOSYS (or EPERM under a seccomp filter).
+Napi::Value ProbeCloneIntoCgroup(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd == -1) ThrowErrno(env, errno, "open");
+  struct clone_args_v2 {
+    __u64 flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+  } args;
+  memset(&args, 0, sizeof args);
+  args.flags = 0x200000000ULL;  // CLONE_INTO_CGROUP
+  args.exit_signal = SIGCHLD;
+  args.cgroup = static_cast<__u64>(fd);
+  long pid = syscall(__NR_clone3, &args, sizeof args);
+  int err = pid == -1 ? errno : 0;
+  if (pid == 0) _exit(0);  // cannot happen (the fd is no cgroup), but never run on as a fork of Node
+  if (pid > 0) CUSTODY_RETRY_EINTR(waitpid(static_cast<pid_t>(pid), nullptr, 0));
+  close(fd);
+  // Success would mean /dev/null was taken for a cgroup: nothing to trust.
+  const char* name = err == EBADF ? "" : uv_err_name(-(err != 0 ? err : EINVAL));
+  return Napi::String::New(env, name);
+}
+
 }  // namespace
 
 void CleanupSpawn(AddonData* data) {
@@ -298,6 +358,7 @@ void InitSpawn(Napi::Env env, Napi::Object exports) {
     }
   }
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
+  exports.Set("probeCloneIntoCgroup", Napi::Function::New(env, ProbeCloneIntoCgroup, "probeCloneIntoCgroup"));
 }
 
 }  // namespace custody

@@ -73,6 +73,7 @@ writeFileSync(
         outDir: out,
         declaration: true,
         declarationMap: false,
+        stripInternal: true,
         sourceMap: false,
         typeRoots: [path.join(root, 'node_modules', '@types')],
       },

@@ -2,6 +2,7 @@
  * Errors with stable `code`s. Callers branch on `err.code`, never on the
  * message. Every class is exported so `instanceof` works too.
  */
+import { describeExit } from './exit.js';
 import type { ExitStatus } from './types.js';
 
 export type CustodyErrorCode =
@@ -28,7 +29,9 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_BAD_LOG'
   | 'ERR_CUSTODY_NOT_CUSTODY_DIR'
   | 'ERR_CUSTODY_NO_STATE_DIR'
-  | 'ERR_CUSTODY_UNSAFE_PATH';
+  | 'ERR_CUSTODY_UNSAFE_PATH'
+  | 'ERR_CUSTODY_BAD_CGROUP'
+  | 'ERR_CUSTODY_CGROUP_TIMEOUT';
 
 export class CustodyError extends Error {
   readonly code: CustodyErrorCode;
@@ -81,7 +84,7 @@ export class LaunchExitedError extends CustodyError {
   readonly signal: NodeJS.Signals | null;
   readonly stderrTail: string | undefined;
   constructor(id: string, pid: number | undefined, status: ExitStatus, stderrTail?: string) {
-    const how = status.signal ? `signal ${status.signal}` : status.code !== null ? `code ${status.code}` : 'unknown status';
+    const how = describeExit(status);
     super(
       'ERR_CUSTODY_LAUNCH_EXITED',
       `launch of ${id}${pid ? ` (pid ${pid})` : ''} exited with ${how}${stderrTail ? `; stderr: ${stderrTail.trim()}` : ''}`,
@@ -262,6 +265,26 @@ export class BadPidfileError extends PathRefusedError {
 export class BadLogError extends PathRefusedError {
   constructor(path: string, why: string, options?: { cause?: unknown }) {
     super('ERR_CUSTODY_BAD_LOG', 'log', path, why, options);
+  }
+}
+
+/**
+ * A cgroup custody cannot use as it stands: a root that is relative, not a
+ * directory, not on a cgroup v2 mount, or not writable; an instance cgroup
+ * a child could not be placed in.
+ */
+export class BadCgroupError extends PathRefusedError {
+  constructor(path: string, why: string, options?: { cause?: unknown }) {
+    super('ERR_CUSTODY_BAD_CGROUP', 'cgroup', path, why, options);
+  }
+}
+
+/** A cgroup did not reach the state asked for (frozen, thawed, empty) within its bound. */
+export class CgroupTimeoutError extends CustodyError {
+  readonly path: string;
+  constructor(path: string, what: string, waitedMs: number) {
+    super('ERR_CUSTODY_CGROUP_TIMEOUT', `cgroup ${path} was not ${what} within ${waitedMs} ms`);
+    this.path = path;
   }
 }
 

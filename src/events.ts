@@ -27,7 +27,9 @@ export type CustodyEventType =
   | 'clean'
   | 'quarantine'
   | 'release'
-  | 'sweep';
+  | 'sweep'
+  | 'freeze'
+  | 'thaw';
 
 export interface CustodyEvent {
   type: CustodyEventType;

@@ -7,7 +7,7 @@ import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef, StdioTarget } from './backend/types.js';
-import { IdentityMismatchError, IdentityUnrecordedError, InvalidArgError } from './errors.js';
+import { BadCgroupError, IdentityMismatchError, IdentityUnrecordedError, InvalidArgError, UnsupportedError } from './errors.js';
 import { toIdentity, verify } from './identity.js';
 import { openAppend } from './logs.js';
 import { signalNumber } from './signals.js';
@@ -131,6 +131,13 @@ export interface SpawnOptions {
   newGroup?: boolean;
   /** argv[0] as the program sees it; the command by default. */
   argv0?: string;
+  /**
+   * An absolute cgroup v2 directory the child starts in: it is placed there
+   * before it execs, so nothing it forks, double-forks or setsids can start
+   * outside (capabilities().cgroup.placement says how). A child that cannot
+   * be placed is never run: ERR_CUSTODY_BAD_CGROUP.
+   */
+  cgroup?: string;
 }
 
 /** PATH search, done here so both backends fail the same way (ENOENT, EACCES) before any process exists. */
@@ -184,6 +191,16 @@ export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [S
 }
 
 
+/** A spawn that failed to enter its cgroup (opening or writing cgroup.procs) says so; any other failure is its own. */
+function placementError(cgroup: string, err: unknown): unknown {
+  const e = err as NodeJS.ErrnoException;
+  const procs = path.join(cgroup, 'cgroup.procs');
+  if (e?.syscall === 'write' || (e?.syscall === 'open' && e.path === procs)) {
+    return new BadCgroupError(cgroup, `the child could not enter it (${e.syscall} ${e.code}); nothing was run`, { cause: err });
+  }
+  return err;
+}
+
 export function envList(env: Record<string, string | undefined>): string[] {
   const out: string[] = [];
   for (const [k, v] of Object.entries(env)) {
@@ -231,6 +248,12 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
   if (options.cwd !== undefined && (typeof options.cwd !== 'string' || options.cwd.includes('\0'))) {
     throw new InvalidArgError('cwd must be a string without NUL bytes');
   }
+  if (options.cgroup !== undefined) {
+    if (typeof options.cgroup !== 'string' || !path.isAbsolute(options.cgroup) || options.cgroup.includes('\0')) {
+      throw new InvalidArgError('cgroup must be an absolute path without NUL bytes');
+    }
+    if (!backend.cgroupPlacement) throw new UnsupportedError(`cannot place a child in a cgroup: ${backend.cgroupPlacementReason ?? 'this backend cannot'}`);
+  }
   const env = options.env ?? process.env;
   // Without options.env the native child takes our environ as it is: copying
   // process.env through JavaScript cost more than the spawn itself.
@@ -242,15 +265,21 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
   const opened: number[] = [];
   try {
     const stdio = stdioTargets(options.stdio, opened);
-    const child = backend.spawn({
-      file,
-      argv: [options.argv0 ?? command, ...args],
-      env: envp,
-      cwd: options.cwd,
-      stdio,
-      newSession: options.detached === true,
-      newGroup: options.newGroup === true,
-    });
+    let child: ReturnType<typeof backend.spawn>;
+    try {
+      child = backend.spawn({
+        file,
+        argv: [options.argv0 ?? command, ...args],
+        env: envp,
+        cwd: options.cwd,
+        stdio,
+        newSession: options.detached === true,
+        newGroup: options.newGroup === true,
+        cgroup: options.cgroup ?? null,
+      });
+    } catch (err) {
+      throw options.cgroup ? placementError(options.cgroup, err) : err;
+    }
     return new ProcessHandle(child.ref, {
       identity: null,
       spawned: true,

@@ -12,6 +12,7 @@ import { connect } from 'node:net';
 import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef } from './backend/types.js';
+import type { CgroupLimits, InstanceCgroup } from './cgroup.js';
 import { AbortError, ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
@@ -24,6 +25,7 @@ import { UNKNOWN_EXIT } from './signals.js';
 import type { NotifyChannel } from './notify.js';
 import {
   describeRejection,
+  isMember,
   ENVIRON_MAX_BYTES,
   judge,
   mayCarryEnvToken,
@@ -35,7 +37,7 @@ import {
   type TokenMode,
 } from './ownership.js';
 import { terminate } from './terminate.js';
-import { terminateMembers } from './tree.js';
+import { terminateCgroup, terminateMembers } from './tree.js';
 import { sleep, TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { describe, pidMax } from './validate.js';
@@ -49,6 +51,12 @@ export interface Instance {
   identity: ProcessIdentity;
   /** Settles once the process has exited; code and signal are null where the kernel cannot say. */
   exited: Promise<ExitStatus>;
+  /**
+   * The instance's cgroup (absolute path), where the supervisor has a cgroup
+   * root and the target is in it; null otherwise (no root, or a pid
+   * function's target created elsewhere).
+   */
+  cgroup: string | null;
 }
 
 export interface SocketReady {
@@ -139,6 +147,11 @@ export interface LaunchSpec {
   abandonGraceMs?: number;
   /** How long readiness may take (a socket, its probe, or a ready function). Default 10000. */
   readyTimeoutMs?: number;
+  /**
+   * Limits of the instance's cgroup (a supervisor opened with `cgroup`): written before the process starts.
+   * Each needs its controller offered by the cgroup root; ERR_CUSTODY_UNSUPPORTED where it is not.
+   */
+  limits?: CgroupLimits;
   /** Cancels the launch: the attempt is abandoned and the launch rejects with an AbortError. */
   signal?: AbortSignal;
 }
@@ -151,10 +164,10 @@ const MAX_ARGV_SPINS = 40;
 const ARGV_SPIN_MS = 0.05;
 
 /**
- * Rejections that waiting cannot change: the pid is someone else's (not a launcher still exec'ing), or its
- * environment may not be read (another uid; root reads every one), so it can never be proven.
+ * Rejections that waiting cannot change for a reported pid: it is someone else's (not a launcher still
+ * exec'ing); and, for any pid, an environment that may not be read (another uid; root reads every one).
  */
-const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace', 'environ']);
+const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace', 'cgroup', 'environ']);
 
 /** Our own child: exec'd into `executable` (if named) and carrying the marks; why not, or null. */
 function ownChildMarks(a: Attempt, claim: Claim, live: ProcessIdentity, environ: EnvironReader): Rejection | null {
@@ -173,6 +186,9 @@ export function claimOf(a: Attempt): Claim {
     launcherExe: a.pidSpec === 'child' ? null : (a.launcherExe ?? null),
     uid: a.uid,
     tokenMode: a.tokenMode,
+    // A pid function's target may be created elsewhere (a systemd-run
+    // MainPID): only the child and what it forks are known to be inside.
+    cgroup: a.cgroup && typeof a.pidSpec !== 'function' ? a.cgroup.node : null,
   };
 }
 
@@ -209,6 +225,8 @@ export interface Attempt {
   session: number | null;
   /** The confirmed target, pinned by the inspection that confirmed it. */
   target: ProcessHandle | null;
+  /** The attempt's cgroup, which the child was placed in before exec; null without a cgroup root. */
+  cgroup: InstanceCgroup | null;
   identity: ProcessIdentity | null;
   stderrTail: () => string | undefined;
   /** With ready: 'notify', the socket bound for the attempt (closed when the attempt ends, whichever way). */
@@ -252,6 +270,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
       cwd: spec.cwd,
       detached: spec.detached !== false,
       newGroup: spec.processGroup === true,
+      ...(a.cgroup ? { cgroup: a.cgroup.path } : {}),
     });
   } finally {
     // The child holds its own copies; ours would keep the files open.
@@ -352,7 +371,9 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     if (signal?.aborted) throw new AbortError(signal.reason);
     let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
     try {
-      pinned = backend.inspectPinned(pid, { reapIfChild: true });
+      // A pid function may name a child of Node's child_process: its owner
+      // reaps it, and reaping it here would rob libuv of its exit.
+      pinned = backend.inspectPinned(pid, { reapIfChild: typeof a.pidSpec !== 'function' });
     } catch (err) {
       // A TID is refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
       const code = (err as NodeJS.ErrnoException).code;
@@ -375,9 +396,13 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
     // the child's is ours). A pid a launcher or a function reported must pass
     // the ownership rule on its own marks (token, program, uid; never the
     // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
-    const verdict = pid === child.pid ? null : judge(claim, live, undefined, true, environ);
+    // With a cgroup our child is judged too: the js backend's placing
+    // wrapper carries the target's argv before it is placed and has exec'd
+    // it, and only the exec'd target in the cgroup is it.
+    const own = pid === child.pid;
+    const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
     const why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
-    if (why && PERMANENT.has(why)) {
+    if (why && PERMANENT.has(why) && (!own || why === 'environ')) {
       pinned.ref.close();
       throw new NotOursError(a.id, pid, describeRejection(pid, why));
     }
@@ -527,14 +552,47 @@ function connects(path: string): Promise<boolean> {
  * double-forked away) get TERM, a bounded wait, KILL, rescans until none is
  * left; our child is reaped; then the declared paths go. A carrier the rule
  * rejects (an operator's `tail -f <token>.log`, another uid's copy) is never
- * signalled: a warning says why. Throws when something ours would not die
+ * signalled: a warning says why. With a cgroup, the cgroup is the attempt:
+ * TERM to the child and target, cgroup.kill after the grace, `populated 0`,
+ * and nothing outside it is looked at (but a pid function's target created
+ * elsewhere, ended as above). Throws when something ours would not die
  * (the caller keeps the manifest). Returns the pids that were ended.
  */
 export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<number[]> {
   const child = a.child;
-  const roots: ProcessHandle[] = [];
-  if (child) roots.push(child);
-  if (a.target && a.target !== child) roots.push(a.target);
+  const cg = a.cgroup;
+  const targetInside = !!a.target && (a.target === child || !cg || targetInCgroup(a));
+  const onEscalate = ({ pid }: { pid: number }) =>
+    emit('escalate', { id: a.id, pid, message: `members of ${a.id} ignored SIGTERM for ${graceMs} ms during abandon; sent SIGKILL` });
+  const inCgroup: ProcessHandle[] = [];
+  if (child) inCgroup.push(child);
+  if (a.target && a.target !== child && targetInside) inCgroup.push(a.target);
+  const ended: Array<Promise<number[]>> = [];
+  if (cg) {
+    const members = cg.procs();
+    ended.push(terminateCgroup(cg, inCgroup, { graceMs, onEscalate }).then(() => [...new Set([...inCgroup.map((h) => h.pid), ...members])]));
+  }
+  const outside = cg ? (a.target && !targetInside ? [a.target] : []) : inCgroup;
+  if (outside.length) ended.push(endTree(a, outside, graceMs, emit, onEscalate));
+  const settled = await Promise.allSettled(ended);
+  const failed = settled.find((r) => r.status === 'rejected');
+  if (failed) {
+    if (child?.hasExited) await child.exited;
+    throw (failed as PromiseRejectedResult).reason;
+  }
+  // Our child is reaped by its watcher; wait for that so no zombie outlives abandon.
+  if (child) await child.exited;
+  removeDeclaredPaths(a.paths, emit, a.id);
+  return settled.flatMap((r) => (r.status === 'fulfilled' ? r.value : []));
+}
+
+/** Whether the attempt's target is in its cgroup (a pid function's may have been created elsewhere). */
+export function targetInCgroup(a: Attempt): boolean {
+  return !!a.cgroup && !!a.identity && isMember(a.identity, { pids: new Set(), cgroup: a.cgroup.node });
+}
+
+/** Ends roots that no cgroup holds, with their descendants, session and the token carriers the rule accepts. */
+async function endTree(a: Attempt, roots: ProcessHandle[], graceMs: number, emit: Emit, onEscalate: (i: { pid: number }) => void): Promise<number[]> {
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
   const claim = claimOf(a);
@@ -564,15 +622,7 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
       if (a.tokenMode === 'env' && verdict.why === 'token') continue;
       if (verdict.why !== 'gone') emit('warning', { id: a.id, pid: p.pid, reason: verdict.why, message: `abandon left ${describeRejection(p.pid, verdict.why)}` });
     }
-    const { members } = await terminateMembers([...roots, ...extra], {
-      session: a.session,
-      graceMs,
-      reapIfChild: true,
-      onEscalate: ({ pid }) => emit('escalate', { id: a.id, pid, message: `members of ${a.id} ignored SIGTERM for ${graceMs} ms during abandon; sent SIGKILL` }),
-    });
-    // Our child is reaped by its watcher; wait for that so no zombie outlives abandon.
-    if (child) await child.exited;
-    removeDeclaredPaths(a.paths, emit, a.id);
+    const { members } = await terminateMembers([...roots, ...extra], { session: a.session, graceMs, reapIfChild: true, onEscalate });
     return members;
   } catch (err) {
     // A scan or a pin that failed (EMFILE) proves nothing gone, but the roots are ours by birth and by the
@@ -580,7 +630,6 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
     const warn = (r: ProcessHandle, e: unknown) =>
       emit('warning', { id: a.id, pid: r.pid, message: `abandon could not end pid ${r.pid}: ${(e as Error).message}` });
     await Promise.all(roots.map((r) => terminate(r, { graceMs }).catch((e: unknown) => warn(r, e))));
-    if (child?.hasExited) await child.exited;
     throw err;
   } finally {
     for (const h of extra) h.close();

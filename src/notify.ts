@@ -79,6 +79,7 @@ const FINAL = new Set<Rejection | 'unknown'>([
   'uid',
   'namespace',
   'environ',
+  'cgroup',
 ]);
 
 type Sender = { ours: true; pid: number } | { ours: false; pid: number; why: Rejection | 'unknown' };

@@ -6,7 +6,12 @@
  * A token in argv is a name, not a proof: an operator's `tail -f
  * <token>.log`, another uid's process that copied it, or a launcher's fork
  * before exec all carry it. So, strongest proof first:
- * 1. never pid 1, ourselves, or an ancestor of ours (whatever it carries);
+ * 0. never pid 1, ourselves, or an ancestor of ours (whatever it carries);
+ * 1. the instance's cgroup, where it has one (cgroup v2, src/cgroup.ts):
+ *    custody placed its child there before exec, so everything of the
+ *    instance is in it and nothing else can be. In it: ours (the target
+ *    among the members is still the one with the target's marks); outside
+ *    it: a bystander, whatever it carries. Nothing below is asked;
  * 2. descent: its parent, read under its own pin, is a proven member, or it
  *    is in the session custody created for the instance (a session id stays
  *    taken while any member of the session lives, so no stranger can be in
@@ -51,6 +56,8 @@ export interface Claim {
   launcherExe: DevIno | null;
   /** The uid the target runs as: ours unless the launch declared another (a launcher that drops privileges). */
   uid: number | null;
+  /** The instance cgroup's hierarchy path (as /proc/<pid>/cgroup names it), where the instance has one: rule 1. */
+  cgroup?: string | null;
 }
 
 /** Who is known to be the instance's already, for the descent rule. */
@@ -59,6 +66,8 @@ export interface Members {
   pids: ReadonlySet<number>;
   /** The session custody created for the instance (setsid), if any. */
   session?: number | null;
+  /** The instance cgroup's hierarchy path: where it is given, membership is being in it, and nothing else. */
+  cgroup?: string | null;
 }
 
 export type Rejection =
@@ -74,8 +83,9 @@ export type Rejection =
   | 'argv'
   | 'launcher'
   | 'program'
-  | 'environ';
-export type Judgement = { ours: true; by: 'descent' | 'session' | 'token' } | { ours: false; why: Rejection };
+  | 'environ'
+  | 'cgroup';
+export type Judgement = { ours: true; by: 'cgroup' | 'descent' | 'session' | 'token' } | { ours: false; why: Rejection };
 
 const sameFile = (a: DevIno | null | undefined, b: DevIno | null | undefined) => !!a && !!b && a.dev === b.dev && a.ino === b.ino;
 const dead = (state: string) => state === 'Z' || state === 'X';
@@ -107,6 +117,23 @@ export function protectedPid(pid: number): 'init' | 'self' | 'ancestor' | null {
 
 function sameArgv(a: readonly string[], b: readonly string[]): boolean {
   return a.length === b.length && a.every((v, i) => v === b[i]);
+}
+
+/**
+ * The cgroup a pinned process is in, read now; null when it has exited (or
+ * the pid is another process's since the pin was read: the start ticks
+ * are checked after the read).
+ */
+function cgroupOfLive(live: ProcessIdentity): string | null {
+  const where = backend.cgroupOf(live.pid);
+  const st = backend.stat(live.pid);
+  return st && st.startTicks === live.startTicks && !dead(st.state) ? where : null;
+}
+
+/** Rule 1 on its own: in the cgroup, outside it, or gone. */
+function inCgroup(live: ProcessIdentity, cgroup: string): true | 'cgroup' | 'gone' {
+  const where = cgroupOfLive(live);
+  return where === null ? 'gone' : where === cgroup ? true : 'cgroup';
 }
 
 /**
@@ -162,11 +189,21 @@ function argvMarks(claim: Claim, live: ProcessIdentity): Rejection | null {
   return null;
 }
 
-/** Rules 1 and 3 without descent: is this live process the instance's target by its own marks? */
-function byToken(claim: Claim, live: ProcessIdentity, reported: boolean, environ: EnvironReader | undefined): Judgement {
+/**
+ * Rule 3 without descent: is this live process the instance's target by its
+ * own marks? Inside the instance's cgroup uid and namespace are moot (it is
+ * ours already); the marks still tell the target from its launcher and members.
+ */
+function byToken(
+  claim: Claim,
+  live: ProcessIdentity,
+  reported: boolean,
+  environ: EnvironReader | undefined,
+  inside = false,
+): Judgement {
   const ours = process.getuid?.();
-  if (live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
-  if (ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
+  if (!inside && live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
+  if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
   const marks = argvMarks(claim, live);
   if (marks) return { ours: false, why: marks };
   const program = claim.program;
@@ -208,6 +245,12 @@ export function judge(
   const guarded = protectedPid(live.pid);
   if (guarded) return { ours: false, why: guarded };
   if (dead(live.state)) return { ours: false, why: 'gone' };
+  const cgroup = claim.cgroup ?? members?.cgroup;
+  if (cgroup) {
+    const r = inCgroup(live, cgroup);
+    if (r !== true) return { ours: false, why: r };
+    return members ? { ours: true, by: 'cgroup' } : byToken(claim, live, reported, environ, true);
+  }
   if (members) {
     if (members.pids.has(live.ppid)) return { ours: true, by: 'descent' };
     if (members.session != null && live.session === members.session) return { ours: true, by: 'session' };
@@ -215,9 +258,10 @@ export function judge(
   return byToken(claim, live, reported, environ);
 }
 
-/** A member by descent or session only (processes that carry no token of their own). */
+/** A member by cgroup (where the instance has one: nothing else then), or else by descent or session (processes that carry no token). */
 export function isMember(live: ProcessIdentity, members: Members): boolean {
   if (protectedPid(live.pid) || dead(live.state)) return false;
+  if (members.cgroup) return inCgroup(live, members.cgroup) === true;
   return members.pids.has(live.ppid) || (members.session != null && live.session === members.session);
 }
 
@@ -237,6 +281,7 @@ export function describeRejection(pid: number, why: Rejection): string {
     argv: 'its argv is not the launched argv',
     launcher: "it still runs the launcher's program (a fork before exec)",
     program: 'the launch named no executable to prove it by (give LaunchSpec.executable)',
+    cgroup: "it is not in the instance's cgroup",
   };
   return `pid ${pid} is not taken for the instance: ${text[why]}`;
 }

@@ -7,10 +7,12 @@
  * child_process, node-pty or a worker spawned (their owners reap them), nor
  * one custody spawned (its own watcher reaps it, and keeps its status).
  *
- * A re-parented child is an instance's when it is in the session of a
- * supervised instance (the session custody created, or the target's own
- * session where that is not ours), or when it led such a session (its pid is
- * the session id: the fork that called setsid and then forked the daemon).
+ * A re-parented child is an instance's when it is in the cgroup of a
+ * supervised instance (where it has one: nothing can be in it that the
+ * instance did not fork), or in the session of one (the session custody
+ * created, or the target's own session where that is not ours), or when it
+ * led such a session (its pid is the session id: the fork that called setsid
+ * and then forked the daemon).
  * On every SIGCHLD (and when asked), zombies that pass are reaped at once and
  * live ones are pinned so that their exit is reaped.
  */
@@ -18,36 +20,39 @@ import { backend } from './backend/index.js';
 import { ProcessHandle } from './handle.js';
 import { isNoProcess } from './identity.js';
 
-/** A supervisor's instances: the sessions their members are in, and the pids it already watches itself. */
-type SessionSource = () => { sessions: number[]; pids: number[] };
+/** A supervisor's instances: the sessions their members are in, their cgroups (hierarchy paths), and the pids it already watches itself. */
+type SessionSource = () => { sessions: number[]; pids: number[]; cgroups?: string[] };
 
 const sources = new Set<SessionSource>();
 const pinned = new Map<number, ProcessHandle>();
 const orphanSession = new Map<number, number>();
 let scheduled = false;
 
-function members(): { sessions: Set<number>; watched: Set<number> } {
+function members(): { sessions: Set<number>; watched: Set<number>; cgroups: Set<string> } {
   const sessions = new Set<number>();
   const watched = new Set<number>();
+  const cgroups = new Set<string>();
   const ours = backend.stat(process.pid)?.session;
   for (const source of sources) {
-    const { sessions: ss, pids } = source();
+    const { sessions: ss, pids, cgroups: cs = [] } = source();
     for (const s of ss) if (s !== ours && s > 1) sessions.add(s);
     for (const p of pids) watched.add(p);
+    for (const c of cs) cgroups.add(c);
   }
-  return { sessions, watched };
+  return { sessions, watched, cgroups };
 }
 
 /** Reaps or pins every re-parented child of ours that is an instance's. Returns the pids it reaped. */
 export function reapMembers(): number[] {
   const reaped: number[] = [];
   if (sources.size === 0) return reaped;
-  const { sessions, watched } = members();
-  if (sessions.size === 0) return reaped;
+  const { sessions, watched, cgroups } = members();
+  if (sessions.size === 0 && cgroups.size === 0) return reaped;
   for (const pid of backend.children(process.pid)) {
     if (pinned.has(pid) || watched.has(pid) || backend.spawnedHere(pid)) continue;
     const st = backend.stat(pid);
-    if (!st || !(sessions.has(st.session) || sessions.has(pid))) continue;
+    const inCgroup = () => cgroups.size > 0 && cgroups.has(backend.cgroupOf(pid) ?? '');
+    if (!st || !(sessions.has(st.session) || sessions.has(pid) || inCgroup())) continue;
     if (st.state === 'Z' || st.state === 'X') {
       if (backend.reapZombie(pid)) reaped.push(pid);
       continue;

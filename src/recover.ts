@@ -10,10 +10,18 @@
  * token is in environments: from the same scan, only the processes whose
  * argv fits the launch have theirs read. Ownership is decided by the
  * ownership module, as at launch.
+ *
+ * Instance cgroups: an adopted instance gets its recorded cgroup back (the
+ * same directory, the same cgroup id); an interrupted launch's candidates
+ * are the members of its cgroup, never a token carrier outside it; the
+ * leftovers of an instance whose main process is gone are ended with it. A
+ * cgroup of this supervisor's that no manifest names is removed when empty,
+ * and reported (never signalled) when something runs in it.
  */
 import { statSync } from 'node:fs';
 import { backend, capabilities } from './backend/index.js';
 import type { ProcEntry } from './backend/types.js';
+import type { CgroupRoot, InstanceCgroup } from './cgroup.js';
 import { BadManifestError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
@@ -23,6 +31,7 @@ import {
   describeRejection,
   envToken,
   indexByToken,
+  isMember,
   judge,
   mayCarryEnvToken,
   type Claim,
@@ -32,7 +41,7 @@ import {
 import { removeDeclaredPaths } from './paths.js';
 import { readPidfile } from './pidfile.js';
 import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest, type StateStore } from './store.js';
-import { terminateMembers } from './tree.js';
+import { terminateCgroup, terminateMembers } from './tree.js';
 import type { ProcessIdentity } from './types.js';
 
 export interface RecoveryEntry {
@@ -57,9 +66,13 @@ export interface RecoveryHost {
   readonly emit: Emit;
   /** Adopt without proof where the platform cannot prove identity (a warning each time). */
   readonly allowUnprovable: boolean;
+  /** The supervisor's cgroup root, where it has one. */
+  readonly cgroups: CgroupRoot | null;
+  /** Whether a cgroup (by path) belongs to an instance the supervisor tracks or is launching right now. */
+  usesCgroup(path: string): boolean;
   /** Whether recovery should (re)consider this id: not tracked, or deferred earlier. */
   wants(id: string): boolean;
-  adopt(manifest: Manifest, handle: ProcessHandle): void;
+  adopt(manifest: Manifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): void;
   quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void;
   defer(id: string, error: Error): void;
 }
@@ -168,16 +181,21 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     emit('quarantine', { ...entry, message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled` });
   };
 
-  const clean = async (m: Manifest, reason: string, pid?: number) => {
+  // Cleaned instances share one fsync of the state dir, at the end.
+  let unsynced = false;
+  const clean = async (m: Manifest, reason: string, pid?: number, graceMs = 0) => {
+    // Whatever is left in its cgroup is provably the instance's, which is over: ended first, then the cgroup goes.
+    await endCgroup(m, graceMs);
     removeDeclaredPaths(m.paths, emit, m.id);
-    await store.remove(m.id);
+    await store.remove(m.id, { sync: false });
+    unsynced = true;
     const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
     report.cleaned.push(entry);
     emit('clean', { ...entry, message: `${m.id}: ${reason}; state cleaned, nothing signalled` });
   };
 
-  const adopt = (m: Manifest, handle: ProcessHandle, reason?: string) => {
-    host.adopt(m, handle);
+  const adopt = (m: Manifest, handle: ProcessHandle, cg: InstanceCgroup | null, reason?: string) => {
+    host.adopt(m, handle, cg);
     report.adopted.push({ id: m.id, pid: handle.pid, ...(reason ? { reason } : {}) });
   };
 
@@ -231,7 +249,79 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       emit('warning', { id, reason: entry.reason, message: `${id}: recovery deferred (${(e as Error).message}); call recover() again` });
     }
   }
+  if (unsynced) await store.syncDir();
+  if (host.cgroups) await unnamedCgroups(host.cgroups);
   return report;
+
+  /**
+   * The recorded cgroup as this supervisor can judge by it: the same
+   * directory with the same id; 'gone' where it is no more (nothing can run
+   * outside a cgroup it was placed in, and a populated cgroup cannot be
+   * removed); null where there is none to judge by: none was recorded, or it
+   * is not this supervisor's root's (opened without one, or with another).
+   */
+  function cgroupOf(m: Manifest): InstanceCgroup | 'gone' | null {
+    if (!m.cgroup) return null;
+    const root = host.cgroups;
+    if (!root || !root.owns(m.cgroup.path)) {
+      emit('warning', { id: m.id, message: `${m.id}: its cgroup ${m.cgroup.path} is not under this supervisor's cgroup root; judged without it` });
+      return null;
+    }
+    return root.find(m.cgroup) ?? 'gone';
+  }
+
+  /** Ends what is in an instance's cgroup (SIGTERM and graceMs first, where given) and removes it. */
+  async function endCgroup(m: Manifest, graceMs: number): Promise<void> {
+    const cg = m.cgroup && host.cgroups?.owns(m.cgroup.path) ? host.cgroups.find(m.cgroup) : null;
+    if (!cg) return;
+    const left = cg.procs();
+    if (cg.populated()) {
+      const roots = graceMs > 0 ? left.flatMap((pid) => memberPin(pid, cg)) : [];
+      try {
+        await terminateCgroup(cg, roots, {
+          graceMs,
+          onEscalate: ({ pid }) => emit('escalate', { id: m.id, pid, message: `pid ${pid} in the cgroup of ${m.id} ignored SIGTERM; cgroup.kill` }),
+        });
+      } finally {
+        for (const h of roots) h.close();
+      }
+      emit('warning', { id: m.id, pids: left, message: `${m.id}: ${left.length} process(es) left in its cgroup were ended with it` });
+    }
+    await cg.remove();
+  }
+
+  /** A pin on a pid proven (under the pin) to be in the cgroup; [] when it is not, or gone. */
+  function memberPin(pid: number, cg: InstanceCgroup): ProcessHandle[] {
+    const p = pin(pid);
+    if (p && isMember(p.identity, { pids: new Set(), cgroup: cg.node })) return [p.handle];
+    p?.handle.close();
+    return [];
+  }
+
+  /**
+   * Cgroups of this supervisor's that no manifest names (one deleted by
+   * hand, or a crash between creating a cgroup and writing its manifest):
+   * removed when empty; reported, and left alone, when something runs in it.
+   */
+  async function unnamedCgroups(root: CgroupRoot): Promise<void> {
+    const named = new Set<string>();
+    for (const id of store.ids()) {
+      try {
+        const m = store.read(id);
+        if (m.cgroup) named.add(m.cgroup.path);
+      } catch {
+        // an unreadable manifest names nothing: its cgroup, if populated, is reported below
+      }
+    }
+    for (const cg of root.list()) {
+      if (named.has(cg.path) || host.usesCgroup(cg.path)) continue;
+      if (!cg.populated()) {
+        await cg.remove(0).catch(() => {});
+        continue;
+      }
+      emit('warning', { pids: cg.procs(), cgroup: cg.path, message: `cgroup ${cg.path} holds processes but no manifest names it: left alone, nothing signalled` });
+    }
+  }
 
   async function unreadable(id: string, err: unknown): Promise<void> {
     if (err instanceof IncompleteInstanceError) {
@@ -262,7 +352,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         return;
       }
       const pid = m.identity!.pid;
-      adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null, spawned: false }), 'unprovable');
+      adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null, spawned: false }), null, 'unprovable');
       emit('warning', { id, pid, message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)` });
       return;
     }
@@ -303,17 +393,25 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         return;
     }
     const l = live!;
+    // Its cgroup first: an instance recorded in one must be in it (the same cgroup, by id).
+    const cg = cgroupOf(m);
+    if (cg === 'gone') {
+      l.handle.close();
+      await quarantine(id, m, 'mismatch', 'cgroup');
+      return;
+    }
     // Verified (or a mismatch of exe/argv with equal start ticks): it must
     // still pass the ownership rule on its own marks (token, uid, not pid 1,
     // not us or an ancestor). A mismatch is re-proved by the token and the
     // declared paths in its live argv and the executable; start ticks are never repaired.
-    const claim: Claim = { ...targetClaim(m), program: fileId(m.executable) ? { exe: fileId(m.executable)! } : null, launcherExe: null };
+    const program = fileId(m.executable) ? { exe: fileId(m.executable)! } : null;
+    const claim: Claim = { ...targetClaim(m), program, launcherExe: null, cgroup: cg?.node ?? null };
     // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
     const j = judge(claim, l.identity, undefined, true, l.environ);
     if (!j.ours) {
       l.handle.close();
       // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
-      const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' ? 'mismatch' : 'unprovable';
+      const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' || j.why === 'cgroup' ? 'mismatch' : 'unprovable';
       const field = j.why === 'init' || j.why === 'self' || j.why === 'ancestor' ? 'pid' : j.why;
       await quarantine(id, m, reason, v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : field);
       return;
@@ -323,7 +421,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       if (m.version !== MANIFEST_VERSION) {
         await store.write(m).catch((err: unknown) => emit('warning', { id, message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}` }));
       }
-      adopt(m, l.handle);
+      adopt(m, l.handle, cg);
       emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
       return;
     }
@@ -335,7 +433,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     }
     const repaired: Manifest = { ...m, identity: { ...l.identity, startTicks: recorded.startTicks }, updatedAt: new Date().toISOString() };
     await store.write(repaired);
-    adopt(repaired, l.handle);
+    adopt(repaired, l.handle, cg);
     report.adopted.pop();
     report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
     emit('repair', { id, pid: recorded.pid, field: v.field, message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten` });
@@ -351,42 +449,57 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
    * only where they are provably custody's launcher or target.
    */
   async function recoverStarting(m: Manifest): Promise<void> {
-    const target = targetClaim(m);
+    const cg = cgroupOf(m);
+    // Placed before exec, nothing of the launch ran outside its cgroup, and
+    // a cgroup with a process in it cannot be removed: none is left. (A pid
+    // function's target may live elsewhere: it is looked for as without one.)
+    if (cg === 'gone' && m.pidSource !== 'function') return clean(m, 'gone');
+    const group = cg === 'gone' ? null : cg;
+    const inside = m.pidSource !== 'function' ? group : null;
+    const target: Claim = { ...targetClaim(m), cgroup: inside?.node ?? null };
     const launcher = launcherClaim(m);
     if (m.pidSource === 'function' && !m.executable) {
       // The pid came from a function recovery cannot call again, and nothing
       // else names the target's program: no carrier can be proven the target.
       const carriers = await carriersOf(m);
-      if (carriers.length === 0) return clean(m, 'gone');
+      if (carriers.length === 0) return clean(m, 'gone', undefined, 2000);
       return quarantine(m.id, m, 'unprovable', 'executable');
     }
     const deadline = Date.now() + STARTING_CONFIRM_MS;
-    let candidates = await carriersOf(m);
+    // With a cgroup the candidates are its members: a token carrier outside it is a bystander, never one.
+    let candidates = inside ? inside.procs() : await carriersOf(m);
     for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
-      const chosen = await findTarget(m, target, candidates);
+      const chosen = await findTarget(m, target, candidates, inside !== null);
       if (chosen) {
-        const running: Manifest = { ...m, state: 'running', identity: chosen.identity, updatedAt: new Date().toISOString() };
+        const kept = group && isMember(chosen.identity, { pids: new Set(), cgroup: group.node }) ? group : null;
+        const running: Manifest = { ...m, state: 'running', identity: chosen.identity, cgroup: kept ? m.cgroup : null, updatedAt: new Date().toISOString() };
         await store.write(running);
-        adopt(running, chosen.handle, 'starting');
+        adopt(running, chosen.handle, kept, 'starting');
         emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found and adopted` });
         return;
       }
-      // Only the candidates (and what they forked since) are looked at again, never the whole table.
-      const live = candidates.filter((pid) => backend.stat(pid) !== null);
-      candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
-      // An environment that may not be read stays so: waiting cannot prove those.
-      const waitable = live.filter((pid) => !unreadableOf(m).has(pid));
-      if (waitable.length === 0 || Date.now() >= deadline) break;
+      if (inside) {
+        candidates = inside.procs();
+        if (candidates.length === 0 || Date.now() >= deadline) break;
+      } else {
+        // Only the candidates (and what they forked since) are looked at again, never the whole table.
+        const live = candidates.filter((pid) => backend.stat(pid) !== null);
+        candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
+        // An environment that may not be read stays so: waiting cannot prove those.
+        const waitable = live.filter((pid) => !unreadableOf(m).has(pid));
+        if (waitable.length === 0 || Date.now() >= deadline) break;
+      }
       await new Promise((r) => setTimeout(r, delay));
     }
-    await endOurs(m, [target, launcher], candidates);
+    if (!inside) await endOurs(m, [target, launcher], candidates);
     // A process whose environment may not be read may be the launch's: unprovable, never "gone".
     if (unreadableOf(m).size > 0) return quarantine(m.id, m, 'unprovable', 'environ');
-    await clean(m, 'gone');
+    // Its cgroup's members, if any, get SIGTERM, a grace, then cgroup.kill.
+    await clean(m, 'gone', undefined, 2000);
   }
 
-  /** The interrupted launch's target among the candidates, pinned; null when there is none (yet). */
-  async function findTarget(m: Manifest, claim: Claim, candidates: number[]): Promise<Pinned | null> {
+  /** The interrupted launch's target among the candidates, pinned; null when there is none (yet). Members of its cgroup that are not it are not reported. */
+  async function findTarget(m: Manifest, claim: Claim, candidates: number[], members: boolean): Promise<Pinned | null> {
     if (m.pidSource === 'file' && m.pidFile) {
       // As launch does: the pidfile names the target (a -daemonize parent has its exe and argv too).
       const pid = readPidfile(m.pidFile);
@@ -405,7 +518,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const j = judge(claim, p.identity, undefined, false, p.environ);
       if (j.ours) ours.push(p);
       else {
-        reject(m, p.identity.pid, j);
+        if (!members) reject(m, p.identity.pid, j);
         p.handle.close();
       }
     }

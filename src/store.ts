@@ -61,6 +61,8 @@ export interface Manifest {
   uid?: number | null;
   /** The session custody created for the instance, while the target is in it: its members are the instance's. */
   session?: number | null;
+  /** The instance's cgroup (cgroup v2): its absolute path and id (the directory's inode), written before spawn. */
+  cgroup?: { path: string; id: string } | null;
   /** Where the pid came from. */
   pidSource: 'child' | 'file' | 'function';
   pidFile: string | null;
@@ -162,6 +164,11 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (v.uid !== undefined && v.uid !== null && !isInt(v.uid, 0)) throw bad('uid is malformed');
   if (v.session !== undefined && v.session !== null && !(isInt(v.session, 1) && (v.session as number) <= pidMax()))
     throw bad('session is malformed');
+  if (v.cgroup !== undefined && v.cgroup !== null) {
+    const c = v.cgroup;
+    const ok = isObj(c) && typeof c.path === 'string' && c.path.startsWith('/') && !c.path.includes('\0');
+    if (!ok || typeof c.id !== 'string' || !/^\d{1,20}$/.test(c.id)) throw bad('cgroup is malformed');
+  }
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);
     if (problem) throw bad(problem);
@@ -399,8 +406,14 @@ export class StateStore {
    * left with a warning naming them, and the instance counts as removed.
    * `removed`: whether anything custody wrote was there to remove.
    */
-  async remove(name: string): Promise<{ removed: boolean; left: string[] }> {
+  /**
+   * `sync: false` leaves the state dir's fsync to a later syncDir(): recovery
+   * cleans many gone instances with one fsync (a crash before it only brings
+   * back manifests of processes proven gone, which the next recovery cleans).
+   */
+  async remove(name: string, options: { sync?: boolean } = {}): Promise<{ removed: boolean; left: string[] }> {
     assertEntryName(name);
+    const sync = options.sync !== false;
     const at = this.#held().at(name);
     const show = this.#sd.show(name);
     try {
@@ -413,7 +426,7 @@ export class StateStore {
       }
       if (st.isSymbolicLink()) {
         unlinkSync(at);
-        await this.#sd.fsync();
+        if (sync) await this.#sd.fsync();
         return { removed: true, left: [] };
       }
       if (!st.isDirectory()) {
@@ -453,11 +466,20 @@ export class StateStore {
           });
         }
       }
-      await this.#sd.fsync();
+      if (sync) await this.#sd.fsync();
       return { removed, left };
     } catch (err) {
       if (err instanceof CustodyError) throw err;
       throw new StateIOError(`cannot remove the state of ${name}`, err);
+    }
+  }
+
+  /** Makes earlier removals durable: one fsync of the state dir. */
+  async syncDir(): Promise<void> {
+    try {
+      await this.#sd.fsync();
+    } catch (err) {
+      throw new StateIOError('cannot sync the state dir', err);
     }
   }
 

@@ -5,6 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync, statSync } from 'node:fs';
+import { CgroupRoot, validateLimits, type CgroupOptions, type CgroupUsage, type InstanceCgroup } from './cgroup.js';
 import {
   AbortError,
   CustodyError,
@@ -22,6 +23,7 @@ import {
   confirm,
   obtainPid,
   startChild,
+  targetInCgroup,
   waitReady,
   type Attempt,
   type Instance,
@@ -33,12 +35,14 @@ import { removeDeclaredPaths } from './paths.js';
 import { assertEntryName, assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
 import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
-import { terminateTree } from './tree.js';
-import { backend } from './backend/index.js';
+import { terminateCgroup, terminateTree } from './tree.js';
+import { backend, capabilities as hostCapabilities } from './backend/index.js';
+import { describeExit } from './exit.js';
+import { UNKNOWN_EXIT } from './signals.js';
 import { assertOwnProc } from './backend/procview.js';
 import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
 import { displayArg } from './bytes.js';
-import type { ProcessIdentity } from './types.js';
+import type { Capabilities, ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus } from './types.js';
 import { assertDuration, assertStringArray } from './validate.js';
@@ -54,6 +58,8 @@ export interface InstanceInfo {
   reason?: string;
   field?: string;
   exit?: ExitStatus;
+  /** The instance's cgroup (absolute path), where it has one. */
+  cgroup?: string | null;
 }
 
 export interface SupervisorOptions {
@@ -81,6 +87,15 @@ export interface SupervisorOptions {
   subreaper?: boolean;
   /** Heal leaked helpers while idle: sweep these exact-argv patterns every intervalMs; findings arrive as sweep events. */
   sweep?: { intervalMs: number; patterns: SweepOptions[] };
+  /**
+   * Instance cgroups (cgroup v2): `root` is a cgroup directory this process
+   * may create cgroups in (created if absent). Each launch gets its own
+   * cgroup below it, entered before exec; stop ends the whole cgroup;
+   * freeze(), thaw(), usage() and LaunchSpec.limits work on it. A root that
+   * is relative, not on a cgroup v2 mount, not a directory or not writable is
+   * ERR_CUSTODY_BAD_CGROUP. Without it nothing changes.
+   */
+  cgroup?: CgroupOptions;
 }
 
 export interface StopOptions {
@@ -88,7 +103,9 @@ export interface StopOptions {
    * Stop the instance, not just its main process (default true): every
    * member (its descendants, and the session custody created for it) is
    * pinned and signalled through its own pidfd, rescanned until none is left
-   * after SIGKILL. false: the main process only.
+   * after SIGKILL. false: the main process only. With a cgroup the instance
+   * is its cgroup (SIGTERM to the main process, cgroup.kill after the grace)
+   * and false is ERR_CUSTODY_INVALID_ARG.
    */
   tree?: boolean;
   /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
@@ -126,6 +143,10 @@ interface Tracked {
   stopping?: Promise<StopResult>;
   /** Why recovery deferred it (status 'deferred'). */
   error?: Error;
+  /** The instance's cgroup, where it has one. */
+  cgroup: InstanceCgroup | null;
+  /** Set while the leftovers of a main process that exited on its own are ended and its state removed. */
+  exitCleanup?: Promise<void>;
 }
 
 export class Supervisor {
@@ -147,12 +168,16 @@ export class Supervisor {
     return {
       sessions: running.flatMap((t) => [t.manifest!.session ?? 0, t.manifest!.identity!.session ?? 0]),
       pids: running.flatMap((t) => (t.handle ? [t.handle.pid] : [])),
+      cgroups: running.flatMap((t) => (t.cgroup ? [t.cgroup.node] : [])),
     };
   };
   #closed = false;
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping = false;
   #logs: InstanceLogs;
+  #cgroups: CgroupRoot | null = null;
+  /** Cgroups of launches in flight (made before their manifest is written). */
+  readonly #launching = new Set<string>();
   /** The sd_notify sockets of running instances launched with ready: 'notify'. */
   #notifiers = new Set<NotifyChannel>();
 
@@ -175,6 +200,8 @@ export class Supervisor {
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
     if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
     if (options.onEvent !== undefined && typeof options.onEvent !== 'function') throw new InvalidArgError('onEvent must be a function');
+    // Checked before the state dir is touched: a bad root leaves nothing behind.
+    if (options.cgroup !== undefined) CgroupRoot.validate(options.cgroup);
     if (options.sweep !== undefined) {
       const sw = options.sweep;
       if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns)) throw new InvalidArgError('sweep must be { intervalMs, patterns }');
@@ -189,6 +216,9 @@ export class Supervisor {
     const store = StateStore.open(options.stateDir, { emit, create: options.create });
     const sup = new Supervisor(options, store, emit);
     try {
+      if (options.cgroup !== undefined) {
+        sup.#cgroups = CgroupRoot.open(options.cgroup, options.stateDir, (message) => sup.#emit('warning', { message }));
+      }
       if (options.subreaper && (sup.#subreaper = acquireSubreaper())) addReaperSource(sup.#sessions);
       if (options.subreaper && !sup.#subreaper) {
         sup.#emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
@@ -219,11 +249,14 @@ export class Supervisor {
       store: this.#store,
       emit: this.#emit,
       allowUnprovable: this.#options.allowUnprovable === true,
+      cgroups: this.#cgroups,
+      usesCgroup: (path) =>
+        this.#launching.has(path) || [...this.#table.values()].some((t) => t.cgroup?.path === path || t.manifest?.cgroup?.path === path),
       wants: (id) => {
         const t = this.#table.get(id);
         return !t || t.status === 'deferred';
       },
-      adopt: (m, h) => void this.#track(m, h),
+      adopt: (m: Manifest, h: ProcessHandle, cg: InstanceCgroup | null) => void this.#track(m, h, cg),
       quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
       defer: (id, err) => this.#defer(id, err),
     });
@@ -250,10 +283,10 @@ export class Supervisor {
   }
 
   /** Registers an adopted or launched process and watches its exit. */
-  #track(manifest: Manifest, handle: ProcessHandle): Instance {
+  #track(manifest: Manifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): Instance {
     const identity = manifest.identity!;
-    const instance: Instance = { id: manifest.id, pid: handle.pid, token: manifest.token, identity, exited: handle.exited };
-    const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance };
+    const instance: Instance = { id: manifest.id, pid: handle.pid, token: manifest.token, identity, exited: handle.exited, cgroup: cgroup?.path ?? null };
+    const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance, cgroup };
     this.#table.set(manifest.id, t);
     if (!this.#options.keepAlive) handle.unref();
     void handle.exited.then((status) => this.#onExit(t, status));
@@ -262,12 +295,12 @@ export class Supervisor {
   }
 
   #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
-    this.#table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field });
+    this.#table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field, cgroup: null });
   }
 
   /** Recovery (or a failed abandon) could not decide this id now; launch and stop refuse it until a later recover() does. */
   #defer(id: string, error: Error): void {
-    this.#table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error });
+    this.#table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error, cgroup: null });
   }
 
   #onExit(t: Tracked, status: ExitStatus): void {
@@ -275,10 +308,24 @@ export class Supervisor {
     t.status = 'exited';
     t.exit = status;
     this.#emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
-    // Proven gone (its pidfd said so): stale sockets and state go with it.
+    // Proven gone (its pidfd said so): stale sockets and state go with it,
+    // and, as systemd does when a service's main process exits, whatever it
+    // left in its cgroup (the cgroup first: the state goes only once it is empty).
     if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.#emit, t.id);
-    void this.#inFlight(this.#store.remove(t.id)).catch((err: unknown) => {
-      this.#emit('warning', { id: t.id, message: `could not remove the state of an exited instance: ${(err as Error).message}` });
+    t.exitCleanup = this.#inFlight(
+      (async () => {
+        if (t.cgroup) {
+          const { leftovers } = await this.#terminate(t, t.handle!, 0, undefined);
+          if (leftovers?.length) {
+            const message = `${t.id}: ${leftovers.length} process(es) its main process left in its cgroup were killed (cgroup.kill)`;
+            this.#emit('warning', { id: t.id, pids: leftovers, message });
+          }
+          await t.cgroup.remove();
+        }
+        await this.#store.remove(t.id);
+      })(),
+    ).catch((err: unknown) => {
+      this.#emit('warning', { id: t.id, message: `could not clean up after an exited instance: ${(err as Error).message}` });
     });
   }
 
@@ -290,6 +337,10 @@ export class Supervisor {
   async #launch(spec: LaunchSpec): Promise<Instance> {
     this.#assertOpen();
     validateSpec(spec);
+    const limits = validateLimits(spec.limits);
+    if (limits && !this.#cgroups) throw new InvalidArgError('limits need a supervisor opened with a cgroup root (Supervisor.open({ cgroup: { root } }))');
+    // Refused (ERR_CUSTODY_UNSUPPORTED) before anything exists where the root lacks a controller.
+    this.#cgroups?.prepareLimits(limits);
     const { id } = spec;
     const existing = this.#table.get(id);
     if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
@@ -301,7 +352,7 @@ export class Supervisor {
     this.#store.assertInPlace();
     this.#busy.add(id);
     if (existing?.status === 'exited') this.#table.delete(id);
-    const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null };
+    const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null, cgroup: null };
     this.#table.set(id, placeholder);
     try {
       const attempts = spec.attempts ?? 1;
@@ -381,6 +432,7 @@ export class Supervisor {
       child: null,
       target: null,
       identity: null,
+      cgroup: null,
       stderrTail: () => undefined,
       notify: null,
     };
@@ -389,14 +441,35 @@ export class Supervisor {
     // Before the manifest: a log dir that cannot be trusted fails the launch with nothing to undo.
     const logged = spec.stdout === undefined || spec.stderr === undefined;
     const logs = this.#logs.prepare(spec.id, logged ? spec.logs : false);
+    // The cgroup before the manifest that names it: a crash between the two leaves an empty cgroup, which recovery removes.
+    a.cgroup = this.#cgroups?.create(spec.id, token, spec.limits) ?? null;
+    if (a.cgroup) {
+      manifest.cgroup = { path: a.cgroup.path, id: a.cgroup.id };
+      this.#launching.add(a.cgroup.path);
+    }
+    try {
+      return await this.#run(spec, attemptNo, manifest, a, logs);
+    } finally {
+      if (a.cgroup) this.#launching.delete(a.cgroup.path);
+    }
+  }
+
+  async #run(spec: LaunchSpec, attemptNo: number, manifest: Manifest, a: Attempt, logs: ReturnType<InstanceLogs['prepare']>): Promise<Instance> {
+    const { token } = a;
+    const pidSpec = a.pidSpec;
     // Written, and fsync'd, before anything is spawned: a supervisor killed
     // from here on leaves a record recovery can find the process by.
-    await this.#store.write(manifest);
+    try {
+      await this.#store.write(manifest);
+    } catch (err) {
+      await a.cgroup?.remove();
+      throw err;
+    }
     this.#emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
-      // Bound before the spawn, so nothing the instance sends is lost; closed in the finally below.
+      // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
       if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
       startChild(a, spec, logs);
       this.#emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
@@ -404,7 +477,15 @@ export class Supervisor {
       let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
       this.#emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
-      const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited };
+      const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
+      if (a.cgroup && !cgroup) {
+        this.#emit('warning', {
+          id: spec.id,
+          pid,
+          message: `pid ${pid} was created outside the instance cgroup (by whatever the pid function asked): ${spec.id} runs with cgroup null, under the token rule`,
+        });
+      }
+      const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited, cgroup: cgroup?.path ?? null };
       if (spec.ready) {
         const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
@@ -418,14 +499,16 @@ export class Supervisor {
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
       // The session is recorded only while the target is in it: stop and recovery then count its members.
       const session = a.session !== null && a.identity!.session === a.session ? a.session : null;
-      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, session, updatedAt: new Date().toISOString() };
+      const cg = cgroup ? { path: cgroup.path, id: cgroup.id } : null;
+      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, session, cgroup: cg, updatedAt: new Date().toISOString() };
       await this.#store.write(running);
       if (a.child !== a.target) {
         // The launcher is ours to reap whenever it ends; it holds nothing.
         a.child!.unref();
         a.child!.close();
+        if (a.cgroup && !cgroup) this.#removeLauncherCgroup(spec.id, a.child!, a.cgroup);
       }
-      const tracked = this.#track(running, a.target!);
+      const tracked = this.#track(running, a.target!, cgroup);
       const notify = a.notify;
       if (notify) {
         // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.
@@ -443,6 +526,8 @@ export class Supervisor {
       let ended: number[];
       try {
         ended = await this.#withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, this.#emit));
+        // Proven empty: the cgroup goes, then the state.
+        await a.cgroup?.remove();
       } catch (abandonErr) {
         // Something of the attempt would not die: its manifest stays, for a
         // later recover() to decide; until then the id is refused.
@@ -457,9 +542,20 @@ export class Supervisor {
     }
   }
 
+  /** A pid function's launcher held the cgroup its target is not in: it goes once the launcher has exited, if nothing is left in it. */
+  #removeLauncherCgroup(id: string, launcher: ProcessHandle, cg: InstanceCgroup): void {
+    void launcher.exited
+      .then(() => cg.remove())
+      .catch((err: unknown) => {
+        this.#emit('warning', { id, message: `the launcher's cgroup ${cg.path} was not removed (${(err as Error).message}); what is left in it is not signalled` });
+      });
+  }
+
   /**
    * Stops an instance: the graceful hook (bounded), then SIGTERM, a bounded
    * wait and SIGKILL; state and declared paths go once it is proven gone.
+   * With a cgroup: the hook, SIGTERM to the main process, cgroup.kill after
+   * the grace, `populated 0`, the cgroup removed, then the state.
    */
   async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
     this.#assertOpen();
@@ -473,6 +569,9 @@ export class Supervisor {
     assertDuration(graceMs, 'graceMs');
     if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
     if (options.graceful !== undefined && typeof options.graceful !== 'function') throw new InvalidArgError('graceful must be a function');
+    if (t.cgroup && options.tree === false) {
+      throw new InvalidArgError(`${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`);
+    }
     t.stopping = this.#inFlight(this.#stop(t, { ...options, graceMs }));
     try {
       return await t.stopping;
@@ -484,6 +583,8 @@ export class Supervisor {
   async #stop(t: Tracked, options: StopOptions & { graceMs: number }): Promise<StopResult> {
     const h = t.handle!;
     if (options.signal?.aborted) throw new AbortError(options.signal.reason);
+    // An exit seen while we were not stopping is being cleaned up: let that finish first.
+    await t.exitCleanup;
     let result: StopResult;
     try {
       result = await this.#end(t, h, options);
@@ -491,12 +592,16 @@ export class Supervisor {
       if (!(err instanceof AbortError)) throw err;
       // Abort means "force it now": KILL, a bounded wait until it is gone
       // (StopTimeoutError if it outlives that), and only then the AbortError.
-      await (options.tree !== false ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session }) : forceEnd(h));
+      if (t.cgroup) await terminateCgroup(t.cgroup, [h], { termSignal: 'SIGKILL', graceMs: 0, killEach: !this.#cgroups!.capabilities().kill });
+      else await (options.tree !== false ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session }) : forceEnd(h));
+      await t.cgroup?.remove();
       await this.#removeState(t.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
       this.#stopped(t, h, killed, 'stop aborted: ended with SIGKILL; state removed');
       throw err;
     }
+    // Proven gone (populated 0, or every pin's exit seen): the cgroup goes, then the state.
+    await t.cgroup?.remove();
     await this.#removeState(t.id);
     const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
     this.#stopped(t, h, result, `stopped (${how}); state removed`);
@@ -528,48 +633,60 @@ export class Supervisor {
   }
 
   async #end(t: Tracked, h: ProcessHandle, options: StopOptions & { graceMs: number }): Promise<StopResult> {
-    const emitEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
-      this.#emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
     if (t.status === 'exited' || h.exitStatus) {
-      const st = t.exit ?? h.exitStatus ?? { code: null, signal: null };
+      // Leftovers of a main process that is gone are still the instance's.
+      if (t.cgroup) await this.#terminate(t, h, 0, options.signal);
+      const st = t.exit ?? h.exitStatus ?? UNKNOWN_EXIT;
       return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
     }
-    if (options.graceful) {
-      const ac = new AbortController();
-      // Gone, not exited: a non-child's status may come much later, if ever.
-      const gone = h.gone.then(() => 'gone' as const);
-      // The hook asks (sync or async); the process then has the rest of graceMs to act on it.
-      const hook = callHook(options.graceful, t.instance!, ac.signal).then(
-        () => gone,
-        (err: unknown) => {
-          const why = (err as Error)?.message ?? String(err);
-          this.#emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
-          return 'failed' as const;
-        },
-      );
-      let r;
-      try {
-        r = await within(Promise.race([hook, gone]), options.graceMs, options.signal);
-      } finally {
-        // Whatever ended the graceful phase, the hook's work is over.
-        ac.abort(new Error(r === TIMED_OUT ? 'graceful stop timed out' : 'graceful stop is over'));
-      }
-      if (r === TIMED_OUT) {
-        this.#emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
-      }
-      const termOptions = { graceMs: options.termGraceMs ?? 2000, signal: options.signal, onEscalate: emitEscalate };
-      const result: StopResult =
-        options.tree !== false
-          ? (({ members: _m, ...r }) => r)(await terminateTree(h, { ...termOptions, reapIfChild: true, session: t.manifest?.session }))
-          : await terminate(h, termOptions);
-      return r === 'gone' ? { ...result, outcome: 'exited' } : result;
-    }
-    if (options.tree !== false) {
-      const { graceMs, signal } = options;
-      const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate: emitEscalate, reapIfChild: true, session: t.manifest?.session, also: this.#orphansOf(t) });
+    if (!options.graceful) {
+      const { leftovers: _l, ...result } = await this.#terminate(t, h, options.graceMs, options.signal, options.tree === false);
       return result;
     }
-    return terminate(h, { graceMs: options.graceMs, signal: options.signal, onEscalate: emitEscalate });
+    const ac = new AbortController();
+    // Gone, not exited: a non-child's status may come much later, if ever.
+    const gone = h.gone.then(() => 'gone' as const);
+    // The hook asks (sync or async); the process then has the rest of graceMs to act on it.
+    const hook = callHook(options.graceful, t.instance!, ac.signal).then(
+      () => gone,
+      (err: unknown) => {
+        const why = (err as Error)?.message ?? String(err);
+        this.#emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
+        return 'failed' as const;
+      },
+    );
+    let r;
+    try {
+      r = await within(Promise.race([hook, gone]), options.graceMs, options.signal);
+    } finally {
+      // Whatever ended the graceful phase, the hook's work is over.
+      ac.abort(new Error(r === TIMED_OUT ? 'graceful stop timed out' : 'graceful stop is over'));
+    }
+    if (r === TIMED_OUT) {
+      this.#emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
+    }
+    const { leftovers: _l, ...result } = await this.#terminate(t, h, options.termGraceMs ?? 2000, options.signal, options.tree === false);
+    return r === 'gone' ? { ...result, outcome: 'exited' } : result;
+  }
+
+  /**
+   * SIGTERM, graceMs, then the kill: of the cgroup where the instance has
+   * one (the proof is `populated 0`), else of the tree (every member
+   * pinned), else (tree: false) of the main process alone.
+   */
+  async #terminate(t: Tracked, h: ProcessHandle, graceMs: number, signal: AbortSignal | undefined, single = false): Promise<StopResult & { leftovers?: number[] }> {
+    const onEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
+      this.#emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
+    if (t.cgroup) {
+      const wasAlive = h.isAlive();
+      const r = await terminateCgroup(t.cgroup, [h], { graceMs, signal, onEscalate, killEach: !this.#cgroups!.capabilities().kill });
+      const st = h.exitStatus ?? (await within(h.exited, 50));
+      const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
+      return { outcome: wasAlive ? 'exited' : 'already-gone', escalated: r.escalated, code: status.code, signal: status.signal, leftovers: r.leftovers };
+    }
+    if (single) return terminate(h, { graceMs, signal, onEscalate });
+    const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate, reapIfChild: true, session: t.manifest?.session, also: this.#orphansOf(t) });
+    return result;
   }
 
   /**
@@ -581,7 +698,9 @@ export class Supervisor {
     this.#assertOpen();
     validateSweep(options);
     const tracked = [...this.#table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
-    const exclude = new Set([...(options.exclude ?? []), ...tracked]);
+    // Whatever is in an instance's cgroup is that instance's, whatever its argv says: never an orphan.
+    const members = [...this.#table.values()].flatMap((t) => t.cgroup?.procs() ?? []);
+    const exclude = new Set([...(options.exclude ?? []), ...tracked, ...members]);
     const result = await sweep({ ...options, exclude });
     this.#reportSweep(options, result);
     return result;
@@ -642,8 +761,52 @@ export class Supervisor {
       if (t.reason !== undefined) info.reason = t.reason;
       if (t.field !== undefined) info.field = t.field;
       if (t.exit !== undefined) info.exit = t.exit;
+      if (t.cgroup) info.cgroup = t.cgroup.path;
       return info;
     });
+  }
+
+  /**
+   * Freezes an instance's cgroup (cgroup.freeze, Linux 5.2): every process
+   * stops where it is, and resolves once cgroup.events says `frozen 1`
+   * (ERR_CUSTODY_CGROUP_TIMEOUT past timeoutMs, default 5000). stop() thaws first.
+   */
+  async freeze(id: string, options: { timeoutMs?: number } = {}): Promise<void> {
+    const cg = this.#cgroupOf(id, 'freeze');
+    if (options.timeoutMs !== undefined) assertDuration(options.timeoutMs, 'timeoutMs');
+    await cg.freeze(options.timeoutMs);
+    this.#emit('freeze', { id, message: `${id} frozen` });
+  }
+
+  /** Thaws a frozen instance; resolves once cgroup.events says `frozen 0`. */
+  async thaw(id: string, options: { timeoutMs?: number } = {}): Promise<void> {
+    const cg = this.#cgroupOf(id, 'thaw');
+    if (options.timeoutMs !== undefined) assertDuration(options.timeoutMs, 'timeoutMs');
+    await cg.thaw(options.timeoutMs);
+    this.#emit('thaw', { id, message: `${id} thawed` });
+  }
+
+  /** What an instance's cgroup has used: CPU time (cpu.stat), memory (memory.current, null without the memory controller), processes. */
+  usage(id: string): CgroupUsage {
+    return this.#cgroupOf(id, 'usage').usage();
+  }
+
+  #cgroupOf(id: string, what: string): InstanceCgroup {
+    this.#assertOpen();
+    assertId(id);
+    const t = this.#table.get(id);
+    if (!t || t.status !== 'running') throw notFound(id, t?.status, 'running');
+    if (!t.cgroup) {
+      throw new UnsupportedError(`${what}() needs an instance cgroup: ${this.#cgroups ? `${id} has none (its target was created outside it)` : 'the supervisor was opened without a cgroup root'}`);
+    }
+    return t.cgroup;
+  }
+
+  /** capabilities(), with `cgroup` describing this supervisor's root (null without one). */
+  capabilities(): Capabilities {
+    const caps = hostCapabilities();
+    if (!this.#cgroups) return { ...caps, cgroup: null, cgroupReason: caps.cgroup ? 'this supervisor was opened without a cgroup root' : caps.cgroupReason };
+    return { ...caps, cgroup: this.#cgroups.capabilities() };
   }
 
   /** The instance record of a running id. */
@@ -689,6 +852,8 @@ export class Supervisor {
   }
 
   async #release(t: Tracked): Promise<void> {
+    // Its cgroup goes only if nothing is in it (rmdir refuses otherwise): nothing is signalled.
+    await this.#cgroups?.find(t.manifest?.cgroup)?.remove(0).catch(() => {});
     await this.#store.remove(t.id);
     if (this.#table.get(t.id) === t) this.#table.delete(t.id);
     const message = `quarantine of ${t.id} released by the operator (${t.reason}); nothing was signalled`;
@@ -733,6 +898,7 @@ export class Supervisor {
     }
     this.#reserve.release();
     for (const t of this.#table.values()) t.handle?.close();
+    this.#cgroups?.close();
     this.#store.close();
   }
 
@@ -802,9 +968,6 @@ function notFound(id: string, status?: InstanceStatus, wanted = 'running or exit
   return new CustodyError('ERR_CUSTODY_NOT_FOUND', status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`);
 }
 
-function describeExit(s: ExitStatus): string {
-  return s.signal ? `signal ${s.signal}` : s.code !== null ? `code ${s.code}` : 'status unknown';
-}
 
 function validateSpec(spec: LaunchSpec): void {
   if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');

@@ -7,14 +7,19 @@
  * It rescans after SIGTERM and after SIGKILL until a scan finds nothing new
  * and every member is gone, within its bounds. Who counts as a member is
  * decided by the ownership module.
+ *
+ * An instance with a cgroup is ended by terminateCgroup() instead: the
+ * cgroup is the instance, so there is nothing to discover: SIGTERM to the
+ * main process, cgroup.kill after the grace, and `populated 0` as the proof.
  */
 import { backend } from './backend/index.js';
-import { StopTimeoutError } from './errors.js';
+import type { InstanceCgroup } from './cgroup.js';
+import { AbortError, StopTimeoutError } from './errors.js';
 import { ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
 import { signalNumber } from './signals.js';
-import { TIMED_OUT, within } from './timing.js';
+import { sleep, TIMED_OUT, within } from './timing.js';
 import { terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
 import { UNKNOWN_EXIT } from './signals.js';
 import { assertPid } from './validate.js';
@@ -205,4 +210,116 @@ export async function terminateTree(root: ProcessHandle, options: TreeTerminateO
   const st = root.exitStatus ?? (await within(root.exited, 50));
   const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
   return { outcome: rootWasAlive ? 'exited' : 'already-gone', escalated: r.escalated, code: status.code, signal: status.signal, members: r.members };
+}
+
+export interface CgroupTerminateOptions {
+  termSignal?: NodeJS.Signals | number;
+  /** How long the main process(es) may take after termSignal before cgroup.kill. Default 2000. */
+  graceMs?: number;
+  /** How long cgroup.kill may take to empty the cgroup. Default 5000. */
+  killWaitMs?: number;
+  /** Aborted midway: cgroup.kill now, the bounded wait for empty, then AbortError. */
+  signal?: AbortSignal;
+  onEscalate?: (info: { pid: number; graceMs: number }) => void;
+  /** Kill member by member through pins, as on a kernel without cgroup.kill (< 5.14). Chosen by the caller from capabilities. */
+  killEach?: boolean;
+}
+
+export interface CgroupTerminateResult {
+  /** The grace passed with a main process still running: cgroup.kill ended it. */
+  escalated: boolean;
+  /** Processes still in the cgroup once every main process had gone, ended by cgroup.kill. */
+  leftovers: number[];
+}
+
+/**
+ * Ends an instance that has a cgroup. A frozen cgroup is thawed first (a
+ * frozen process never acts on SIGTERM). termSignal goes to the main
+ * process(es) `roots` (the instance's own program, which ends its children
+ * its own way); the grace lasts until the cgroup is empty, or every root is
+ * gone, or graceMs; then whatever is still in the cgroup gets cgroup.kill
+ * (a fork racing it cannot escape: the kernel kills the cgroup as a whole),
+ * and `populated 0` in cgroup.events, within killWaitMs, is the proof that
+ * every process of the instance is gone (StopTimeoutError past it).
+ * Members re-parented to us as a subreaper are reaped. The caller removes
+ * the cgroup and then the state.
+ */
+export async function terminateCgroup(cg: InstanceCgroup, roots: ProcessHandle[], options: CgroupTerminateOptions = {}): Promise<CgroupTerminateResult> {
+  const term = signalNumber(options.termSignal ?? 'SIGTERM');
+  const graceMs = options.graceMs ?? 2000;
+  const killWaitMs = options.killWaitMs ?? 5000;
+  const abort = options.signal;
+  if (abort?.aborted) throw new AbortError(abort.reason);
+  if (cg.freezeRequested()) await cg.thaw();
+  let aborted: AbortError | null = null;
+  for (const r of roots) r.signal(term);
+  const deadline = Date.now() + graceMs;
+  const rootsGone = () => roots.every((r) => r.hasExited || !r.isAlive());
+  try {
+    for (let delay = 1; cg.populated() && !rootsGone() && Date.now() < deadline; delay = Math.min(delay * 2, 25)) {
+      await sleep(Math.min(delay, Math.max(0, deadline - Date.now())), abort);
+    }
+  } catch (err) {
+    if (!(err instanceof AbortError)) throw err;
+    aborted = err;
+  }
+  let escalated = false;
+  let leftovers: number[] = [];
+  if (cg.populated()) {
+    const mainAlive = !rootsGone();
+    if (mainAlive) {
+      escalated = true;
+      options.onEscalate?.({ pid: roots[0]?.pid ?? cg.procs()[0] ?? 0, graceMs });
+    } else leftovers = cg.procs();
+    await killAll(cg, roots, killWaitMs, options.killEach === true);
+  }
+  // Gone, not merely signalled: a root outside the cgroup (an adopted main that left it) is waited for too.
+  const rootsLeft = await within(Promise.all(roots.map((r) => r.gone)), killWaitMs);
+  if (rootsLeft === TIMED_OUT && !rootsGone()) throw new StopTimeoutError(roots.find((r) => r.isAlive())?.pid ?? 0, killWaitMs);
+  reapOrphans(cg, roots);
+  if (aborted) throw aborted;
+  return { escalated, leftovers };
+}
+
+/** cgroup.kill (or, without it, a kill through each member's pin), SIGKILL to the roots, then populated 0 within killWaitMs. */
+async function killAll(cg: InstanceCgroup, roots: ProcessHandle[], killWaitMs: number, each: boolean): Promise<void> {
+  const deadline = Date.now() + killWaitMs;
+  const kill = signalNumber('SIGKILL');
+  for (const r of roots) r.signal(kill);
+  if (each || !cg.kill()) {
+    // Member by member: each pid is pinned and proven in the cgroup under
+    // its pin before the signal; a fork racing the listing is found by the
+    // next pass (a killed process forks no more), until the cgroup is empty.
+    for (let pass = 0; cg.populated() && Date.now() < deadline; pass++) {
+      for (const pid of cg.procs()) {
+        const h = pinMember(pid, { pids: new Set(), cgroup: cg.node }, true);
+        if (!h) continue;
+        h.signal(kill);
+        h.close();
+      }
+      await sleep(Math.min(pass < 8 ? 1 : 10, Math.max(0, deadline - Date.now())));
+    }
+  }
+  if (!(await cg.waitEmpty(Math.max(0, deadline - Date.now())))) {
+    throw new StopTimeoutError(cg.procs()[0] ?? roots[0]?.pid ?? 0, killWaitMs);
+  }
+}
+
+/**
+ * Members that were re-parented to us (we are a subreaper) and were killed
+ * are our zombies now, and must be reaped before the cgroup is removed (a
+ * zombie names its cgroup in /proc/<pid>/cgroup only while the cgroup
+ * exists): reap the ones the cgroup proves were the instance's. Never a
+ * root (its pin reaps it, with its status), never a child custody spawned
+ * (its watcher does), never without the subreaper flag (then every child of
+ * ours is someone's spawn: child_process's, on the js backend).
+ */
+function reapOrphans(cg: InstanceCgroup, roots: ProcessHandle[]): void {
+  if (backend.childSubreaper() !== true) return;
+  const own = new Set(roots.map((r) => r.pid));
+  for (const pid of backend.children(process.pid)) {
+    if (own.has(pid) || backend.spawnedHere(pid)) continue;
+    const st = backend.stat(pid);
+    if (st && (st.state === 'Z' || st.state === 'X') && backend.cgroupOf(pid) === cg.node) backend.reapZombie(pid);
+  }
 }

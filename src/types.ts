@@ -77,4 +77,37 @@ export interface Capabilities {
   notifyPidfd: boolean;
   /** Errno name per probed kernel call ('' when it works), for diagnostics. */
   probe: Record<string, string>;
+  /**
+   * What cgroup v2 offers for instance cgroups (Supervisor.open's `cgroup`
+   * option), described at the mount's root; a supervisor's capabilities()
+   * describes its own root. null where there is no cgroup v2 (cgroupReason says why).
+   */
+  cgroup?: CgroupCapabilities | null;
+  /** Why `cgroup` is null. */
+  cgroupReason?: string;
+}
+
+export interface CgroupCapabilities {
+  /** The cgroup2 mount point, from /proc/self/mountinfo. */
+  mount: string;
+  /** The directory described: the mount point, or a supervisor's cgroup root. */
+  root: string;
+  /** The mount is read-only: no cgroup can be made under it. */
+  readOnly: boolean;
+  /**
+   * How this backend places a child in its cgroup before it execs: the native
+   * vfork-style child writes itself into cgroup.procs ('child-write'); the js
+   * backend execs through /bin/sh, which does ('exec-wrapper'). null: it cannot.
+   */
+  placement: 'child-write' | 'exec-wrapper' | null;
+  /** clone3 knows CLONE_INTO_CGROUP (Linux 5.7). A fact about the kernel; placement says what custody uses. */
+  cloneIntoCgroup: boolean;
+  /** cgroup.kill (Linux 5.14); without it stop kills every member through its own pidfd. */
+  kill: boolean;
+  /** cgroup.freeze (Linux 5.2): freeze() and thaw(). */
+  freeze: boolean;
+  /** The root's cgroup.controllers: what it could give its children. */
+  controllers: string[];
+  /** Controllers turned on for the cgroups below the root (limits and memory usage need them). */
+  enabled: string[];
 }

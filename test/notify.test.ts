@@ -10,6 +10,7 @@ import { capabilities, Supervisor, type CustodyEvent } from '../src/index.js';
 import { parseNotification } from '../src/notify.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { hasUnshare, isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { CGROUP_ROOT, CGROUP_SKIP } from './helpers/cgroup.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -259,6 +260,58 @@ describe.runIf(native)('ready: notify (native)', () => {
     expect(of(ctx.events, 'b', 'warning')).toEqual([]);
     await ctx.supervisor.stop('b', { graceMs: 2000 });
     expect(isGone(inst.pid)).toBe(true);
+  });
+
+  it('in an instance cgroup, READY=1 counts from a process in it; a bystander outside it, naming the token, is ignored', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    ctx = await openSupervisor({ cgroup: { root: CGROUP_ROOT } });
+    const go = join(ctx.root, 'go');
+    let token = '';
+    const launching = ctx.supervisor.launch({
+      id: 'cg',
+      command: PYTHON,
+      args: (tok) => {
+        token = tok;
+        return [DAEMON, MARKER, tok, '--wait-file', go, '--member-ready', '--lifetime', '30'];
+      },
+      ready: 'notify',
+      readyTimeoutMs: 20_000,
+    });
+    const daemon = await waitFor(
+      () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON) && p.cmd.includes(token)),
+      5000,
+      'the daemon',
+    );
+    const address = await waitFor(
+      () => {
+        try {
+          return notifySocketOf(daemon.pid);
+        } catch {
+          return null;
+        }
+      },
+      5000,
+      'its NOTIFY_SOCKET',
+    );
+    const bystander = sendFrom(address, 'READY=1', [token]);
+    let cgroup: string | null = null;
+    try {
+      await sent(bystander);
+      await waitFor(
+        () => ctx.events.some((e) => e.type === 'warning' && e.pid === bystander.pid),
+        5000,
+        'the rejection',
+      );
+      expect(ctx.events.find((e) => e.type === 'warning' && e.pid === bystander.pid)?.message).toMatch(/cgroup/);
+      writeFileSync(go, '');
+      cgroup = (await launching).cgroup;
+      expect(cgroup).not.toBeNull();
+    } finally {
+      await killAndWait(bystander);
+    }
+    await ctx.supervisor.stop('cg', { graceMs: 2000 });
+    // The instance's own cgroup is gone with it (the supervisor's goes when it closes).
+    expect(existsSync(cgroup!)).toBe(false);
   });
 
   it('MAINPID= of a forked main process is honoured and re-confirmed; the instance is that process', async () => {

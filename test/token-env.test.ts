@@ -3,7 +3,7 @@
 // /proc/<pid>/environ: they launch, confirm, recover and are abandoned like
 // any other; an environment that may not be read is unprovable.
 import { spawn as cpSpawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { chownSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
+import { chownSync, existsSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../src/backend/addon.js';
@@ -12,6 +12,7 @@ import { inspect, Supervisor } from '../src/index.js';
 import { envToken, mayCarryEnvToken } from '../src/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { CGROUP_ROOT, CGROUP_SKIP } from './helpers/cgroup.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
 import { plainEnv } from './integration/plain-env.js';
 
@@ -99,6 +100,18 @@ describe(`token: 'env' (${backend.name})`, () => {
     }
     process.kill(b.pid, 'SIGKILL');
     await waitFor(() => isGone(b.pid), 5000, 'b to die');
+  });
+
+  it('in an instance cgroup too: confirmed by its environment, stopped with its cgroup', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    ctx = await openSupervisor({ cgroup: { root: CGROUP_ROOT } });
+    const inst = await ctx.supervisor.launch({ id: 'c', command: SLEEP, args: ['300'], token: 'env' });
+    expect(inst.cgroup).not.toBeNull();
+    expect(inst.identity.argv).toEqual([SLEEP, '300']);
+    await ctx.supervisor.stop('c', { graceMs: 2000 });
+    expect(isGone(inst.pid)).toBe(true);
+    // The instance's own cgroup is gone with it (the supervisor's goes when it closes).
+    expect(existsSync(inst.cgroup!)).toBe(false);
   });
 
   it('a launcher (pid: { file }) passes the token on in the environment; only the confirmed target must run the program', async () => {

@@ -39,8 +39,18 @@ export interface NativeAddon {
     file: string,
     argv: Array<string | Buffer>,
     envp: string[] | null,
-    options: { cwd?: string; stdio: [number, number, number]; newSession: boolean; newGroup: boolean; copyFdTable?: boolean },
+    options: {
+      cwd?: string;
+      stdio: [number, number, number];
+      newSession: boolean;
+      newGroup: boolean;
+      copyFdTable?: boolean;
+      /** An fd on a cgroup's cgroup.procs (O_WRONLY): the child writes itself into it before anything else. */
+      cgroupProcs?: number;
+    },
   ): { pid: number; pidfd: number };
+  /** '' where clone3 knows CLONE_INTO_CGROUP, else the errno name it answered. */
+  probeCloneIntoCgroup(): string;
   /** sd_notify's socket (native/notify.cc), bound to an abstract name; batch: [data, truncated, pid, uid, pidfd]... */
   notifyOpen(
     name: string,

@@ -8,6 +8,7 @@ import { release as osRelease } from 'node:os';
 import { InvalidArgError, UnsupportedError } from '../errors.js';
 import type { Capabilities } from '../types.js';
 import { loadAddon, type NativeAddon } from './addon.js';
+import { probeCgroup } from './cgroupv2.js';
 import { JsBackend } from './js.js';
 import { NativeBackend } from './native.js';
 import type { Backend } from './types.js';
@@ -104,7 +105,25 @@ export function selectBackend(env: NodeJS.ProcessEnv = process.env): Backend {
 
 export const backend: Backend = selectBackend();
 
-/** Which backend is in use, why, and which guarantees hold on this machine. */
+let cgroupCaps: Pick<Capabilities, 'cgroup' | 'cgroupReason'> | undefined;
+
+/** cgroup v2 on this host, probed once: where it is mounted, what the kernel offers, how this backend places children. */
+export function cgroupCapabilities(): Pick<Capabilities, 'cgroup' | 'cgroupReason'> {
+  if (!cgroupCaps) {
+    const r = probeCgroup({
+      platform: process.platform,
+      mountinfo: () => backend.mountinfo(),
+      ownCgroup: () => backend.cgroupOf(process.pid),
+      cloneIntoCgroup: backend.probeCloneIntoCgroup(),
+      placement: backend.cgroupPlacement,
+      kernelAtLeast: (major, minor) => kernelAtLeast(osRelease(), major, minor),
+    });
+    cgroupCaps = r.cgroup ? { cgroup: r.cgroup } : { cgroup: null, cgroupReason: r.reason };
+  }
+  return cgroupCaps;
+}
+
+/** Which backend is in use, why, and which guarantees hold on this machine (cgroup v2 included). */
 export function capabilities(): Capabilities {
-  return backend.capabilities();
+  return { ...backend.capabilities(), ...cgroupCapabilities() };
 }

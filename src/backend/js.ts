@@ -8,12 +8,12 @@
  * start time to detect, not prevent, a mixed identity. capabilities() says so.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, statSync, readdirSync } from 'node:fs';
+import { accessSync, closeSync, constants as fsc, openSync, readFileSync, statSync, readdirSync } from 'node:fs';
+import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, childrenOf, readEnvironOf, readStatOf, sessionMembersOf } from './procview.js';
-import { UnprovenPidRef } from './unproven.js';
+import { assertOwnProc, ProcReads } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -303,13 +303,38 @@ class ChildPidRef implements PidRef {
   }
 }
 
-export class JsBackend implements Backend {
+/**
+ * The js backend's placement: child_process cannot run code between fork
+ * and exec, so the child is a shell that writes itself ("0") into the
+ * cgroup's cgroup.procs ($0) and only then execs the target ("$@"): nothing
+ * of the target runs, or forks, outside. Writing the pid after spawn()
+ * returns would let a fast double-fork escape. $1 restores PWD as given (or
+ * its absence): dash exports one of its own otherwise.
+ */
+const PLACE_SHELL = '/bin/sh';
+const PLACE_SCRIPT = 'echo 0 >"$0" || exit 126; case $1 in set:*) PWD=${1#set:}; export PWD;; *) unset PWD;; esac; shift; exec "$@"';
+
+function shellUsable(): boolean {
+  try {
+    accessSync(PLACE_SHELL, fsc.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export class JsBackend extends ProcReads implements Backend {
   readonly name = 'js' as const;
+  readonly cgroupPlacement: 'exec-wrapper' | null;
+  readonly cgroupPlacementReason?: string;
   #caps: Capabilities;
   #bootId: string | undefined;
 
   constructor(caps: Capabilities) {
+    super();
     this.#caps = caps;
+    this.cgroupPlacement = shellUsable() ? 'exec-wrapper' : null;
+    if (!this.cgroupPlacement) this.cgroupPlacementReason = `the js backend places children through ${PLACE_SHELL}, which is not executable here`;
   }
 
   capabilities(): Capabilities {
@@ -377,20 +402,8 @@ export class JsBackend implements Backend {
     return { raw, ref: new JsPidRef(pid, raw.startTicks) };
   }
 
-  stat(pid: number): StatFields | null {
-    return readStatOf(pid);
-  }
-
-  children(pid: number): number[] {
-    return childrenOf(pid);
-  }
-
-  sessionMembers(session: number): number[] {
-    return sessionMembersOf(session);
-  }
-
-  unproven(pid: number): PidRef {
-    return new UnprovenPidRef(pid);
+  probeCloneIntoCgroup(): null {
+    return null;
   }
 
   bootId(): string {
@@ -447,10 +460,6 @@ export class JsBackend implements Backend {
     return out;
   }
 
-  readEnviron(ref: PidRef, maxBytes: number): Buffer {
-    return readEnvironOf(ref, maxBytes);
-  }
-
   openNotify(): NotifyListener {
     // Node has no unix datagram sockets, nor a way to receive SCM_CREDENTIALS.
     throw new UnsupportedError(
@@ -469,18 +478,20 @@ export class JsBackend implements Backend {
     if (req.argv.some(hasEscapedBytes) || req.file !== undefined && hasEscapedBytes(req.file)) {
       throw new UnsupportedError('the js backend cannot pass an argv that is not UTF-8 (child_process encodes it); use the native backend');
     }
-    const child = cpSpawn(req.file, req.argv.slice(1), {
-      argv0: req.argv[0],
+    const env =
+      req.env === null
+        ? process.env
+        : Object.fromEntries(
+            req.env.map((kv) => {
+              const eq = kv.indexOf('=');
+              return [kv.slice(0, eq), kv.slice(eq + 1)];
+            }),
+          );
+    const [file, args, argv0] = req.cgroup ? placed(req, env) : [req.file, req.argv.slice(1), req.argv[0]];
+    const child = cpSpawn(file, args, {
+      argv0,
       cwd: req.cwd,
-      env:
-        req.env === null
-          ? process.env
-          : Object.fromEntries(
-              req.env.map((kv) => {
-                const eq = kv.indexOf('=');
-                return [kv.slice(0, eq), kv.slice(eq + 1)];
-              }),
-            ),
+      env,
       stdio: req.stdio.map((t) => (typeof t === 'object' ? t.fd : t)),
       // child_process cannot setpgid alone: a new group comes with a new session here.
       detached: req.newSession || req.newGroup,
@@ -493,6 +504,26 @@ export class JsBackend implements Backend {
     }
     return { ref: new ChildPidRef(child), stdin: child.stdin, stdout: child.stdout, stderr: child.stderr };
   }
+}
+
+/**
+ * The wrapper's command line. The shell execs "$@" as execvp does, so the
+ * target's argv[0] must be what finds req.file: the path itself, or its
+ * basename on PATH. Anything else (an argv0 of its own) would exec another
+ * argv than asked: refused.
+ */
+function placed(req: SpawnRequest, env: NodeJS.ProcessEnv): [string, string[], string] {
+  const argv0 = req.argv[0] ?? '';
+  const finds = argv0.includes('/') ? resolvePath(req.cwd ?? process.cwd(), argv0) === req.file : basename(req.file) === argv0;
+  if (!finds) {
+    throw new UnsupportedError(`the js backend cannot place ${req.file} in a cgroup under argv[0] ${JSON.stringify(argv0)}: its exec wrapper runs argv[0] as given; use the native backend`);
+  }
+  const procs = join(req.cgroup!, 'cgroup.procs');
+  // A cgroup that is not there (or not ours to write) fails here, at once,
+  // as on the native backend, not as the wrapper's exit status later.
+  closeSync(openSync(procs, fsc.O_WRONLY));
+  const pwd = env.PWD === undefined ? 'unset' : `set:${env.PWD}`;
+  return [PLACE_SHELL, ['-c', PLACE_SCRIPT, procs, pwd, ...req.argv], 'sh'];
 }
 
 function spawnFailure(child: ChildProcess, file: string): Error {

@@ -3,14 +3,14 @@
  * polling pidfds on the libuv loop (one epoll registration each, O(1) per
  * exit); children come from clone(CLONE_PIDFD | CLONE_VFORK | CLONE_VM).
  */
-import { openSync, closeSync, readFileSync } from 'node:fs';
+import { openSync, closeSync, constants as fsc, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
-import { parseStatusField, type StatFields } from '../proc.js';
+import { parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
-import { assertOwnProc, childrenOf, readEnvironOf, readStatOf, sessionMembersOf } from './procview.js';
-import { UnprovenPidRef } from './unproven.js';
+import { assertOwnProc, ProcReads } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type {
@@ -249,8 +249,10 @@ function fromAddon(r: AddonInspect): RawIdentity {
   };
 }
 
-export class NativeBackend implements Backend {
+export class NativeBackend extends ProcReads implements Backend {
   readonly name = 'native' as const;
+  /** The vfork-style child writes itself into the target's cgroup.procs before execve (native/spawn.cc). */
+  readonly cgroupPlacement = 'child-write' as const;
   #addon: NativeAddon;
   #caps: Capabilities;
   #bootId: string | undefined;
@@ -259,6 +261,7 @@ export class NativeBackend implements Backend {
   #devNull: number;
 
   constructor(addon: NativeAddon, caps: Capabilities) {
+    super();
     this.#addon = addon;
     this.#caps = caps;
     this.#devNull = openSync('/dev/null', 'r+');
@@ -329,20 +332,8 @@ export class NativeBackend implements Backend {
     return true;
   }
 
-  stat(pid: number): StatFields | null {
-    return readStatOf(pid);
-  }
-
-  children(pid: number): number[] {
-    return childrenOf(pid);
-  }
-
-  sessionMembers(session: number): number[] {
-    return sessionMembersOf(session);
-  }
-
-  unproven(pid: number): PidRef {
-    return new UnprovenPidRef(pid);
+  probeCloneIntoCgroup(): string {
+    return this.#addon.probeCloneIntoCgroup();
   }
 
   bootId(): string {
@@ -373,10 +364,6 @@ export class NativeBackend implements Backend {
       out.push({ pid, ppid, pgrp, session, uid, startTicks, state, argv });
     }
     return out;
-  }
-
-  readEnviron(ref: PidRef, maxBytes: number): Buffer {
-    return readEnvironOf(ref, maxBytes);
   }
 
   openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener {
@@ -442,12 +429,21 @@ export class NativeBackend implements Backend {
           toClose.push(childEnd);
         } else fds[i] = target.fd;
       });
-      const { pid, pidfd } = this.#addon.spawn(req.file, req.argv, req.env, {
-        cwd: req.cwd,
-        stdio: fds,
-        newSession: req.newSession,
-        newGroup: req.newGroup,
-      });
+      // Opened here, written by the child: it allocates nothing and opens nothing.
+      const procs = req.cgroup ? openSync(join(req.cgroup, 'cgroup.procs'), fsc.O_WRONLY) : null;
+      let spawned: { pid: number; pidfd: number };
+      try {
+        spawned = this.#addon.spawn(req.file, req.argv, req.env, {
+          cwd: req.cwd,
+          stdio: fds,
+          newSession: req.newSession,
+          newGroup: req.newGroup,
+          ...(procs !== null ? { cgroupProcs: procs } : {}),
+        });
+      } finally {
+        if (procs !== null) closeSync(procs);
+      }
+      const { pid, pidfd } = spawned;
       const ref = new NativePidRef(this.#addon, pid, pidfd, 'spawned', this.#caps.exitInfoOfNonChildren);
       const streams = parentEnds.map((fd, i) => {
         if (fd === null) return null;

@@ -16,9 +16,11 @@ import {
   readSync,
   statSync,
 } from 'node:fs';
+import { decodeArg } from '../bytes.js';
 import { ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
 import type { PidRef } from './types.js';
+import { UnprovenPidRef } from './unproven.js';
 
 let pidNsCache: number | null | undefined;
 
@@ -56,6 +58,25 @@ export function readStatOf(pid: number, procRoot = '/proc'): StatFields | null {
     return parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'));
   } catch (err) {
     if (gone(err)) return null;
+    throw err;
+  }
+}
+
+/**
+ * The path /proc/<pid>/exe links to, in custody's lossless string form (a
+ * path is bytes, as argv is), with the kernel's " (deleted)" suffix when the
+ * file is gone. A name for people: identity.exe (dev, ino) is what proves
+ * the executable, and the pid may name another process by the time this
+ * returns, so a caller re-verifies the identity after it. null for a kernel
+ * thread, a process we may not look at (EACCES, EPERM) or no process.
+ */
+export function exePath(pid: number, procRoot = '/proc'): string | null {
+  assertOwnProc(procRoot);
+  try {
+    return decodeArg(readlinkSync(`${procRoot}/${pid}/exe`, { encoding: 'buffer' }));
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (gone(err) || code === 'EACCES' || code === 'EPERM') return null;
     throw err;
   }
 }
@@ -170,5 +191,69 @@ export function pinnedAlive(ref: PidRef): boolean {
     // EPERM: not ours to signal, but it exists.
     if ((err as NodeJS.ErrnoException).code === 'EPERM') return true;
     throw err;
+  }
+}
+
+/**
+ * A process's cgroup v2 path (the `0::` line of /proc/<pid>/cgroup), as its
+ * hierarchy names it from our cgroup namespace; null when the process is
+ * gone or the host has no cgroup v2 hierarchy. A read, not proof: callers
+ * re-check the start ticks of the process they pinned.
+ */
+export function cgroupOfPid(pid: number, procRoot = '/proc'): string | null {
+  assertOwnProc(procRoot);
+  let text: string;
+  try {
+    text = readFileSync(`${procRoot}/${pid}/cgroup`, 'latin1');
+  } catch (err) {
+    if (gone(err)) return null;
+    throw err;
+  }
+  return parseCgroupV2Line(text);
+}
+
+/** The path of the `0::<path>` line of /proc/<pid>/cgroup text, or null. */
+export function parseCgroupV2Line(text: string): string | null {
+  for (const line of text.split('\n')) if (line.startsWith('0::')) return line.slice(3);
+  return null;
+}
+
+/** /proc/self/mountinfo as text (where cgroup v2 is mounted is read from it, never assumed). */
+export function readMountinfo(): string {
+  return readFileSync('/proc/self/mountinfo', 'latin1');
+}
+
+/**
+ * What both backends read the same way, through plain /proc reads: stat,
+ * children, session members, cgroup, mountinfo, a pinned process's environ;
+ * and the reference for an unprovable process.
+ */
+export abstract class ProcReads {
+  stat(pid: number): StatFields | null {
+    return readStatOf(pid);
+  }
+
+  children(pid: number): number[] {
+    return childrenOf(pid);
+  }
+
+  sessionMembers(session: number): number[] {
+    return sessionMembersOf(session);
+  }
+
+  cgroupOf(pid: number): string | null {
+    return cgroupOfPid(pid);
+  }
+
+  mountinfo(): string {
+    return readMountinfo();
+  }
+
+  unproven(pid: number): PidRef {
+    return new UnprovenPidRef(pid);
+  }
+
+  readEnviron(ref: PidRef, maxBytes: number): Buffer {
+    return readEnvironOf(ref, maxBytes);
   }
 }

@@ -75,6 +75,12 @@ export interface SpawnRequest {
   newSession: boolean;
   /** setpgid(0, 0): its own process group, for group signals. */
   newGroup: boolean;
+  /**
+   * A cgroup v2 directory the child enters before it execs (so everything it
+   * forks starts there too): the native child writes itself into its
+   * cgroup.procs; the js backend execs through a shell that does. null: ours.
+   */
+  cgroup?: string | null;
 }
 
 export interface SpawnedChild {
@@ -116,6 +122,11 @@ export interface NotifyListener {
 export interface Backend {
   readonly name: 'native' | 'js';
   capabilities(): Capabilities;
+  /** How spawn places a child in a cgroup before exec (SpawnRequest.cgroup), or null where it cannot (say why in cgroupPlacementReason). */
+  readonly cgroupPlacement: 'child-write' | 'exec-wrapper' | null;
+  readonly cgroupPlacementReason?: string;
+  /** The errno name clone3(CLONE_INTO_CGROUP) answers ('' where the kernel has it); null where the backend cannot ask. */
+  probeCloneIntoCgroup(): string | null;
   /** Reads one process's identity fields. Throws an errno error (code ESRCH) when there is none. */
   inspect(pid: number, procRoot?: string): RawIdentity;
   /**
@@ -141,6 +152,10 @@ export interface Backend {
   children(pid: number): number[];
   /** The pids in a session (by stat's session field). A listing, not proof: each is pinned and re-checked. */
   sessionMembers(session: number): number[];
+  /** A process's cgroup v2 path (/proc/<pid>/cgroup's `0::` line); null when it is gone or there is no v2 hierarchy. A read, not proof. */
+  cgroupOf(pid: number): string | null;
+  /** /proc/self/mountinfo, for finding cgroup v2 mounts. */
+  mountinfo(): string;
   /**
    * A reference for a process whose identity cannot be proven (off Linux,
    * allowUnprovable): signals by pid, polls liveness by signal 0.

@@ -1,0 +1,213 @@
+/**
+ * Commands on a state dir. `ls` only reads (no lock, nothing created);
+ * recover, release and stop open it as a supervisor would (its lock, so
+ * they refuse a dir a running supervisor holds and name the holder), and
+ * never create it.
+ */
+import type { CustodyEvent } from '../events.js';
+import { IncompleteInstanceError, assertEntryName, readStateDir, type StateListing } from '../store.js';
+import { type StopResult, Supervisor } from '../supervisor.js';
+import { verify } from '../identity.js';
+import {
+  checked,
+  type Command,
+  flag,
+  idArg,
+  JSON_OPTION,
+  type Parsed,
+  noArgs,
+  oneArg,
+  STATE_DIR_OPTION,
+  stateDirOf,
+  UsageError,
+  wholeNumber,
+} from './args.js';
+import { note, print, shownArgv, table } from './output.js';
+
+const joined = (a: string | undefined, b: string | undefined) => (a && b ? `${a}:${b}` : (a ?? null));
+
+function formatLine(l: StateListing): string {
+  if (l.format === 1) return `state dir ${l.stateDir}: left by custody 0.1; the next open upgrades it`;
+  if (l.format === null) return `state dir ${l.stateDir}: empty`;
+  return `state dir ${l.stateDir}: format ${l.format}`;
+}
+
+export const lsCommand: Command = {
+  name: 'ls',
+  synopsis: 'ls [--state-dir DIR] [--json]',
+  summary: 'instances in a state dir and what their processes verify as (read-only)',
+  description: `Lists every instance of a state dir with its recorded state and what its process
+verifies as now (ok, gone, reused, mismatch...), the quarantine reason where there is
+one, entries that hold no valid manifest, and files at the top that custody did not
+write. Read-only: no lock is taken and nothing is created or changed, so it also works
+while a supervisor holds the dir. A dir that does not exist is an error.`,
+  options: [STATE_DIR_OPTION, JSON_OPTION],
+  async run(p) {
+    noArgs(p);
+    const listing = readStateDir(stateDirOf(p));
+    const instances = listing.entries.map((entry) => {
+      if (!entry.manifest) {
+        const state = entry.error instanceof IncompleteInstanceError ? 'incomplete' : 'bad-manifest';
+        return {
+          id: entry.name,
+          state,
+          pid: null,
+          verdict: null,
+          field: null,
+          quarantine: null,
+          command: null,
+          error: entry.error.message,
+        };
+      }
+      const m = entry.manifest;
+      const v = m.identity ? verify(m.identity) : null;
+      return {
+        id: m.id,
+        state: m.state,
+        pid: m.identity?.pid ?? null,
+        verdict: v?.verdict ?? null,
+        field: v?.field ?? null,
+        quarantine: m.quarantine,
+        command: m.command,
+        error: null,
+      };
+    });
+    const value = { stateDir: listing.stateDir, format: listing.format, instances, foreign: listing.foreign };
+    print(flag(p, 'json'), value, () => {
+      const rows = instances.map((i) => ({
+        ...i,
+        verdict: joined(i.verdict ?? undefined, i.field ?? undefined),
+        reason: i.error ?? joined(i.quarantine?.reason, i.quarantine?.field),
+      }));
+      const lines = [
+        formatLine(listing),
+        table(rows, ['id', 'state', 'pid', 'verdict', 'reason', 'command'], 'no instances'),
+      ];
+      if (listing.foreign.length) lines.push(`not custody's (left alone): ${shownArgv(listing.foreign)}`);
+      return lines.join('\n');
+    });
+    return 0;
+  },
+};
+
+/**
+ * Opens the state dir as a supervisor (never creating it), runs `fn`, and
+ * closes it; processes keep running. Warnings and escalations go to stderr
+ * as they happen.
+ */
+async function withSupervisor<T>(
+  p: Parsed,
+  fn: (s: Supervisor, report: Awaited<ReturnType<typeof Supervisor.open>>['report']) => Promise<T>,
+): Promise<T> {
+  const onEvent = (e: CustodyEvent) => {
+    if (e.type === 'warning' || e.type === 'escalate') note(`${e.type}: ${e.message ?? ''}`);
+  };
+  const { supervisor, report } = await Supervisor.open({ stateDir: stateDirOf(p), create: false, onEvent });
+  try {
+    return await fn(supervisor, report);
+  } finally {
+    await supervisor.close();
+  }
+}
+
+export const recoverCommand: Command = {
+  name: 'recover',
+  synopsis: 'recover [--state-dir DIR] [--json]',
+  summary: 'open a state dir, recover every manifest, print the report',
+  description: `Opens the state dir as a supervisor does and recovers every manifest in it: a
+process proven to be the instance's is adopted, a manifest whose process is gone is
+cleaned, one that cannot be proven is quarantined (never signalled). A dir left by
+custody 0.1 is upgraded in place. Takes the dir's lock, so it refuses a dir a running
+supervisor holds, naming it; never creates the dir. The processes keep running.`,
+  options: [STATE_DIR_OPTION, JSON_OPTION],
+  async run(p) {
+    noArgs(p);
+    // Only to say whether the open upgraded it; the open checks everything again, under the lock.
+    const before = readStateDir(stateDirOf(p));
+    const report = await withSupervisor(p, async (_s, r) => r);
+    const upgradedFrom = before.format !== null && before.format < 2 ? before.format : null;
+    const deferred = report.deferred.map(({ error, ...e }) => ({
+      ...e,
+      error: { code: (error as NodeJS.ErrnoException).code ?? null, message: error.message },
+    }));
+    print(flag(p, 'json'), { stateDir: before.stateDir, upgradedFrom, ...report, deferred }, () => {
+      const outcomes = ['adopted', 'repaired', 'cleaned', 'quarantined', 'deferred'] as const;
+      const rows = outcomes.flatMap((outcome) =>
+        report[outcome].map((e) => ({ outcome, id: e.id, pid: e.pid, reason: joined(e.reason, e.field) })),
+      );
+      const head = upgradedFrom ? [`state dir ${before.stateDir}: upgraded from custody 0.1's format`] : [];
+      return [...head, table(rows, ['outcome', 'id', 'pid', 'reason'], `no instances in ${before.stateDir}`)].join(
+        '\n',
+      );
+    });
+    return 0;
+  },
+};
+
+export const releaseCommand: Command = {
+  name: 'release',
+  synopsis: 'release ID|--all [--state-dir DIR] [--json]',
+  summary: 'clear a quarantine, or every one (never signals the process)',
+  description: `Clears the quarantine of ID (the name ls shows, even one that is not a valid id),
+or with --all every quarantine of the state dir: an operator's decision that the
+state can go. The manifest is removed; the process, if any, is never signalled.
+Takes the dir's lock (refused while a supervisor holds it); never creates the dir.`,
+  options: [{ name: '--all', help: 'release every quarantined instance' }, STATE_DIR_OPTION, JSON_OPTION],
+  async run(p) {
+    const all = flag(p, 'all');
+    const name = oneArg(p, 'ID', false);
+    if (all === (name !== undefined)) throw new UsageError('release takes one ID or --all', p.command);
+    // Before anything is opened: a name that could reach outside the state dir never gets that far.
+    if (name !== undefined) checked(p, () => assertEntryName(name));
+    const released = await withSupervisor(p, async (s) => {
+      const pids = new Map(s.list().map((i) => [i.id, i.pid]));
+      if (name === undefined) return (await s.releaseAll()).map((id) => ({ id, pid: pids.get(id) ?? null }));
+      await s.release(name);
+      return [{ id: name, pid: pids.get(name) ?? null }];
+    });
+    print(flag(p, 'json'), { released }, () =>
+      released.length === 0
+        ? 'no instance is quarantined; nothing released'
+        : released.map((r) => `released ${r.id}${r.pid ? ` (pid ${r.pid})` : ''}; nothing was signalled`).join('\n'),
+    );
+    return 0;
+  },
+};
+
+function howItEnded(r: StopResult): string {
+  if (r.outcome === 'already-gone') return 'it had already exited';
+  // A process that is not our child may end with no status the kernel will tell (before Linux 6.15).
+  const how = r.signal ? `ended by ${r.signal}` : r.code !== null ? `exited with code ${r.code}` : 'exited';
+  return r.escalated ? `${how} (it outlived the grace period: SIGKILL)` : how;
+}
+
+export const stopCommand: Command = {
+  name: 'stop',
+  synopsis: 'stop ID [--grace-ms N] [--state-dir DIR] [--json]',
+  summary: 'stop an instance: SIGTERM, a bounded wait, SIGKILL; its state removed',
+  description: `Stops the instance ID as its supervisor would: the whole instance (its process, its
+descendants and the session custody created for it), each member signalled through
+its own pidfd: SIGTERM, up to --grace-ms for it to exit, then SIGKILL. Once it is
+proven gone its state and declared paths are removed (its logs stay: custody logs).
+Opens the state dir first (its lock: refused while a supervisor holds it, so stop it
+there) and recovers it, so a quarantined instance is refused, never signalled.`,
+  options: [
+    { name: '--grace-ms', value: 'N', help: 'wait after SIGTERM before SIGKILL (default 30000)' },
+    STATE_DIR_OPTION,
+    JSON_OPTION,
+  ],
+  async run(p) {
+    const id = idArg(p);
+    const graceMs = wholeNumber(p, 'grace-ms', 'milliseconds');
+    const { pid, result } = await withSupervisor(p, async (s) => {
+      const info = s.list().find((i) => i.id === id);
+      return { pid: info?.pid ?? null, result: await s.stop(id, { graceMs }) };
+    });
+    print(
+      flag(p, 'json'),
+      { id, pid, ...result },
+      () => `stopped ${id}${pid ? ` (pid ${pid})` : ''}: ${howItEnded(result)}; its state is removed`,
+    );
+    return 0;
+  },
+};

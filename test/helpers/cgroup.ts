@@ -1,0 +1,82 @@
+/**
+ * Real cgroups for tests: a root of this worker's own under the cgroup v2
+ * mount (found from /proc/self/mountinfo, never assumed), removed at the end;
+ * the reason to skip where cgroup v2 is not writable here.
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, expect } from 'vitest';
+import { cgroup2Mounts, hierarchyPath, mountOf } from '../../src/backend/cgroupv2.js';
+import { capabilities } from '../../src/index.js';
+
+const caps = capabilities();
+
+/** The cgroup v2 mount point, or null. */
+export const CGROUP_MOUNT = caps.cgroup?.mount ?? null;
+
+/** Why cgroup tests cannot run here, or null when they can: probed by making a cgroup. */
+export const CGROUP_SKIP: string | null = (() => {
+  if (!CGROUP_MOUNT) return `no cgroup v2 here: ${caps.cgroupReason}`;
+  const probe = join(CGROUP_MOUNT, `custody-probe-${process.pid}`);
+  try {
+    mkdirSync(probe);
+    rmdirSync(probe);
+    return null;
+  } catch (err) {
+    return `cgroup v2 at ${CGROUP_MOUNT} is not writable here (${(err as NodeJS.ErrnoException).code}): run as root or in a delegated subtree`;
+  }
+})();
+
+/** This worker's cgroup root: `<mount>/custody-test-<pid>` (not created: Supervisor.open creates it). */
+export const CGROUP_ROOT = CGROUP_MOUNT ? join(CGROUP_MOUNT, `custody-test-${process.pid}`) : '/nonexistent';
+
+/** Every cgroup (directory) below dir, deepest first. */
+export function cgroupsBelow(dir: string): string[] {
+  if (!existsSync(dir)) return [];
+  const out: string[] = [];
+  for (const d of readdirSync(dir, { withFileTypes: true })) {
+    if (!d.isDirectory()) continue;
+    out.push(...cgroupsBelow(join(dir, d.name)), join(dir, d.name));
+  }
+  return out;
+}
+
+/** A cgroup directory's path in the hierarchy, as /proc/<pid>/cgroup names it. */
+export function nodeOf(dir: string): string {
+  const mount = mountOf(dir, cgroup2Mounts(readFileSync('/proc/self/mountinfo', 'utf8')));
+  if (!mount) throw new Error(`${dir} is on no cgroup2 mount`);
+  return hierarchyPath(dir, mount);
+}
+
+/** The pids in a cgroup now. */
+export function procsOf(dir: string): number[] {
+  return readFileSync(join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number);
+}
+
+/**
+ * Registers the end-of-file check: no cgroup left below the root (every
+ * test's supervisor removed what it made), then the root goes. Should a
+ * test have failed with processes left in a cgroup, they are killed there
+ * (they are this worker's: nothing else runs in its root) so the host is
+ * left clean, after the check has failed.
+ */
+export function expectNoCgroupsLeft(): void {
+  afterAll(() => {
+    if (CGROUP_SKIP || !existsSync(CGROUP_ROOT)) return;
+    const left = cgroupsBelow(CGROUP_ROOT);
+    for (const dir of left) {
+      if (procsOf(dir).length) writeFileSync(join(dir, 'cgroup.kill'), '1');
+    }
+    for (const dir of left) {
+      for (let i = 0; i < 100 && existsSync(dir); i++) {
+        try {
+          rmdirSync(dir);
+        } catch {
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20);
+        }
+      }
+    }
+    rmdirSync(CGROUP_ROOT);
+    expect(left, 'cgroups left behind').toEqual([]);
+  });
+}

@@ -31,6 +31,27 @@ function notifySocketOf(pid: number): string {
   return env.find((kv) => kv.startsWith('NOTIFY_SOCKET='))!.slice('NOTIFY_SOCKET='.length);
 }
 
+/** The launched daemon (found by its token), once it runs, and the NOTIFY_SOCKET it was given. */
+async function daemonOf(token: () => string) {
+  const daemon = await waitFor(
+    () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON) && !!token() && p.cmd.includes(token())),
+    5000,
+    'the daemon',
+  );
+  const address = await waitFor(
+    () => {
+      try {
+        return notifySocketOf(daemon.pid);
+      } catch {
+        return null;
+      }
+    },
+    5000,
+    'its NOTIFY_SOCKET',
+  );
+  return { daemon, address };
+}
+
 /** Whether an abstract unix socket of that name (NOTIFY_SOCKET's '@name') is bound, from /proc/net/unix. */
 function bound(address: string): boolean {
   return readFileSync('/proc/net/unix', 'utf8')
@@ -163,22 +184,7 @@ describe.runIf(native)('ready: notify (native)', () => {
       () => (settled = true),
       () => (settled = true),
     );
-    const daemon = await waitFor(
-      () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON) && p.cmd.includes(token)),
-      5000,
-      'the daemon',
-    );
-    const address = await waitFor(
-      () => {
-        try {
-          return notifySocketOf(daemon.pid);
-        } catch {
-          return null;
-        }
-      },
-      5000,
-      'its NOTIFY_SOCKET',
-    );
+    const { daemon, address } = await daemonOf(() => token);
     const bystander = sendFrom(address, 'READY=1\nSTATUS=owned by a stranger', [token]);
     try {
       await sent(bystander);
@@ -277,22 +283,7 @@ describe.runIf(native)('ready: notify (native)', () => {
       ready: 'notify',
       readyTimeoutMs: 20_000,
     });
-    const daemon = await waitFor(
-      () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON) && p.cmd.includes(token)),
-      5000,
-      'the daemon',
-    );
-    const address = await waitFor(
-      () => {
-        try {
-          return notifySocketOf(daemon.pid);
-        } catch {
-          return null;
-        }
-      },
-      5000,
-      'its NOTIFY_SOCKET',
-    );
+    const { address } = await daemonOf(() => token);
     const bystander = sendFrom(address, 'READY=1', [token]);
     let cgroup: string | null = null;
     try {

@@ -6,7 +6,8 @@
         "native/addon.cc",
         "native/pidfd.cc",
         "native/proc.cc",
-        "native/spawn.cc"
+        "native/spawn.cc",
+        "native/notify.cc"
       ],
       "dependencies": [
         "<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"
@@ -37,7 +38,8 @@
             "native/addon.cc",
             "native/pidfd.cc",
             "native/proc.cc",
-            "native/spawn.cc"
+            "native/spawn.cc",
+            "native/notify.cc"
           ],
           "sources": ["native/unsupported.cc"]
         }]

@@ -146,6 +146,7 @@ void Cleanup(void* arg) {
   auto* data = static_cast<AddonData*>(arg);
   CleanupWatchers(data);
   CleanupSpawn(data);
+  CleanupNotify(data);
   for (int fd : data->pidfds) close(fd);
   data->pidfds.clear();
 }
@@ -182,6 +183,7 @@ Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   InitPidfd(env, exports);
   InitProc(env, exports);
   InitSpawn(env, exports);
+  InitNotify(env, exports);
   return exports;
 }
 

@@ -84,6 +84,7 @@ constexpr idtype_t kPidfdIdtype = static_cast<idtype_t>(3);
   })
 
 struct ExitWatcher;
+struct NotifySocket;
 
 // Everything the addon owns for one Node environment (main thread or a
 // worker). No statics: two copies of the addon, or two workers, never share
@@ -95,6 +96,8 @@ struct AddonData {
   std::unordered_set<int> pidfds;
   std::unordered_map<uint32_t, ExitWatcher*> watchers;
   uint32_t next_watcher_id = 1;
+  // sd_notify sockets (notify.cc), by the same id sequence as watchers.
+  std::unordered_map<uint32_t, NotifySocket*> notify_sockets;
   // spawn's reserved stdio slots: fds on /dev/null opened when the addon
   // loads, so they sit below the pidfds that come later. See spawn.cc.
   int spawn_slots[3] = {-1, -1, -1};
@@ -124,7 +127,9 @@ std::string EncodeBytes(const Napi::Value& v, const char* name);
 void InitPidfd(Napi::Env env, Napi::Object exports);
 void InitProc(Napi::Env env, Napi::Object exports);
 void InitSpawn(Napi::Env env, Napi::Object exports);
+void InitNotify(Napi::Env env, Napi::Object exports);
 void CleanupWatchers(AddonData* data);
 void CleanupSpawn(AddonData* data);
+void CleanupNotify(AddonData* data);
 
 }  // namespace custody

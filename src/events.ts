@@ -14,6 +14,7 @@ export type CustodyEventType =
   | 'spawn'
   | 'confirm'
   | 'ready'
+  | 'status'
   | 'running'
   | 'abandon'
   | 'retry'

@@ -22,7 +22,20 @@ import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js
 import { removeDeclaredPaths } from './paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import { UNKNOWN_EXIT } from './signals.js';
-import { carries, describeRejection, isMember, judge, type Claim, type Rejection } from './ownership.js';
+import type { NotifyChannel } from './notify.js';
+import {
+  describeRejection,
+  isMember,
+  ENVIRON_MAX_BYTES,
+  judge,
+  mayCarryEnvToken,
+  TOKEN_VAR,
+  tokenMarks,
+  type Claim,
+  type EnvironReader,
+  type Rejection,
+  type TokenMode,
+} from './ownership.js';
 import { terminate } from './terminate.js';
 import { terminateCgroup, terminateMembers } from './tree.js';
 import { sleep, TIMED_OUT, within } from './timing.js';
@@ -61,8 +74,11 @@ export interface SocketReady {
   probe?: (socket: string, signal: AbortSignal) => unknown;
 }
 
-/** A unix socket to connect to, or a check of your own (sync or async) that resolves once ready. */
-export type ReadySpec = SocketReady | ((instance: Instance) => unknown);
+/**
+ * 'notify': systemd's sd_notify protocol (NOTIFY_SOCKET; READY=1 from the instance's processes only; native
+ * backend). A unix socket to connect to. Or a check of your own (sync or async) that resolves once ready.
+ */
+export type ReadySpec = 'notify' | SocketReady | ((instance: Instance) => unknown);
 /** The child itself, a pidfile (systemd Type=forking), or a function (sync or async) returning the pid. */
 export type PidSpec = 'child' | { file: string } | (() => number | PromiseLike<number>);
 
@@ -73,6 +89,12 @@ export interface LaunchSpec {
   args: string[] | ((token: string) => string[]);
   /** argv elements the confirmed process must carry besides the token. */
   expect?: string[];
+  /**
+   * Where the token goes: 'argv' (default; args must carry it) or 'env': CUSTODY_TOKEN=<token> in the
+   * initial environment, proven from /proc/<pid>/environ, for programs whose argv is fixed (`/bin/sleep 300`).
+   * An environment that cannot be read (another uid) proves nothing: unprovable, never "no token".
+   */
+  token?: TokenMode;
   /**
    * The program the confirmed process must be running, compared by device
    * and inode with /proc/<pid>/exe. Give it when a launcher's own argv
@@ -141,8 +163,19 @@ const spinCell = new Int32Array(new SharedArrayBuffer(4));
 const MAX_ARGV_SPINS = 40;
 const ARGV_SPIN_MS = 0.05;
 
-/** Rejections that waiting cannot change for a reported pid: it is someone else's (not a launcher still exec'ing). */
-const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace', 'cgroup']);
+/**
+ * Rejections that waiting cannot change for a reported pid: it is someone else's (not a launcher still
+ * exec'ing); and, for any pid, an environment that may not be read (another uid; root reads every one).
+ */
+const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace', 'cgroup', 'environ']);
+
+/** Our own child: exec'd into `executable` (if named) and carrying the marks; why not, or null. */
+function ownChildMarks(a: Attempt, claim: Claim, live: ProcessIdentity, environ: EnvironReader): Rejection | null {
+  if (a.executable && !(live.exe !== null && live.exe.dev === a.executable.dev && live.exe.ino === a.executable.ino)) {
+    return 'exe';
+  }
+  return tokenMarks(claim, live, environ);
+}
 
 /** What the attempt's target must show, for the ownership rule. */
 export function claimOf(a: Attempt): Claim {
@@ -152,16 +185,24 @@ export function claimOf(a: Attempt): Claim {
     program: a.executable ? { exe: a.executable } : a.pidSpec === 'child' ? { argv: [a.command, ...a.argv] } : null,
     launcherExe: a.pidSpec === 'child' ? null : (a.launcherExe ?? null),
     uid: a.uid,
+    tokenMode: a.tokenMode,
     // A pid function's target may be created elsewhere (a systemd-run
     // MainPID): only the child and what it forks are known to be inside.
     cgroup: a.cgroup && typeof a.pidSpec !== 'function' ? a.cgroup.node : null,
   };
 }
 
+/** Reads a pinned process's environment for an env-mode judgement (syscalls stay in the backend). */
+export function environOf(ref: PidRef): EnvironReader {
+  return () => backend.readEnviron(ref, ENVIRON_MAX_BYTES);
+}
+
 
 export interface Attempt {
   id: string;
   token: string;
+  /** Where the token is: the argv, or CUSTODY_TOKEN in the environment. */
+  tokenMode: TokenMode;
   /** The command as spawned (argv[0]) and its arguments. */
   command: string;
   argv: string[];
@@ -170,6 +211,8 @@ export interface Attempt {
   expect: string[];
   /** dev/ino the confirmed exe must have, when the spec names an executable. */
   executable: { dev: number; ino: number } | null;
+  /** The executable as the spec names it (env-mode scans look for processes whose argv[0] names it). */
+  executablePath: string | null;
   /** dev/ino of the spawned child's program (the launcher, in pidfile or function mode). */
   launcherExe?: { dev: number; ino: number } | null;
   paths: string[];
@@ -186,6 +229,24 @@ export interface Attempt {
   cgroup: InstanceCgroup | null;
   identity: ProcessIdentity | null;
   stderrTail: () => string | undefined;
+  /** With ready: 'notify', the socket bound for the attempt (closed when the attempt ends, whichever way). */
+  notify: NotifyChannel | null;
+}
+
+/**
+ * The child's environment: the spec's (or ours), plus CUSTODY_TOKEN (env mode; first, so a bounded read of
+ * /proc/<pid>/environ finds it) and NOTIFY_SOCKET (ready: 'notify'), which nothing inherited may override.
+ * undefined when nothing is added: the child then takes the spec's env as given.
+ */
+type Env = Record<string, string | undefined>;
+export function childEnv(a: Attempt, env: Env | undefined): Env | undefined {
+  if (a.tokenMode !== 'env' && !a.notify) return env;
+  const out: Env = {};
+  if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
+  Object.assign(out, env ?? process.env);
+  if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
+  if (a.notify) out.NOTIFY_SOCKET = a.notify.address;
+  return out;
 }
 
 /**
@@ -205,7 +266,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   try {
     child = spawn(spec.command, a.argv, {
       stdio: ['ignore', stdio(spec.stdout, logs?.stdout), stdio(spec.stderr, logs?.stderr)],
-      env: spec.env,
+      env: childEnv(a, spec.env),
       cwd: spec.cwd,
       detached: spec.detached !== false,
       newGroup: spec.processGroup === true,
@@ -244,7 +305,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   }
 }
 
-function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): LaunchExitedError {
+export function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): LaunchExitedError {
   return new LaunchExitedError(a.id, pid, status, a.stderrTail());
 }
 
@@ -328,21 +389,24 @@ export async function confirm(a: Attempt, pid: number, deadline: number, timeout
       throw exitedError(a, pid, st);
     }
     const live = toIdentity(pid, pinned.raw, backend.bootId());
+    const claim = claimOf(a);
+    const environ = environOf(pinned.ref);
     // Our own child is ours by birth: it only has to have exec'd into the
-    // argv. A pid a launcher or a function reported must pass the ownership
-    // rule on its own marks (token, program, uid; never the launcher's fork).
-    // (A child exec'ing through a wrapper must still reach `executable`.)
+    // argv (or, in env mode, into an environment with the token: before exec
+    // the child's is ours). A pid a launcher or a function reported must pass
+    // the ownership rule on its own marks (token, program, uid; never the
+    // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
     // With a cgroup our child is judged too: the js backend's placing
     // wrapper carries the target's argv before it is placed and has exec'd
     // it, and only the exec'd target in the cgroup is it.
     const own = pid === child.pid;
-    const verdict = own && !a.cgroup ? null : judge(claimOf(a), live, undefined, true);
-    if (verdict && !verdict.ours && !own && PERMANENT.has(verdict.why)) {
+    const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
+    const why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
+    if (why && PERMANENT.has(why) && (!own || why === 'environ')) {
       pinned.ref.close();
-      throw new NotOursError(a.id, pid, describeRejection(pid, verdict.why));
+      throw new NotOursError(a.id, pid, describeRejection(pid, why));
     }
-    const exeOk = !a.executable || (live.exe !== null && live.exe.dev === a.executable.dev && live.exe.ino === a.executable.ino);
-    if ((verdict ? verdict.ours : exeOk) && carries(live.argv, a.token, a.expect)) {
+    if (why === null) {
       a.identity = live;
       if (pid === child.pid) {
         // Our own child: its pidfd from birth already pins it.
@@ -382,6 +446,10 @@ export async function waitReady(
   timeoutMs: number,
   signal?: AbortSignal,
 ): Promise<void> {
+  if (ready === 'notify') {
+    await a.notify!.wait(timeoutMs, signal);
+    return;
+  }
   const target = a.target!;
   const over = new AbortController();
   const probeFailure: { last?: unknown } = {};
@@ -414,7 +482,7 @@ export async function waitReady(
 }
 
 /** How long a failed launch waits for an exit status the kernel does not have yet. */
-const EXIT_STATUS_WAIT_MS = 2000;
+export const EXIT_STATUS_WAIT_MS = 2000;
 
 /**
  * Whether the confirmed process still runs: not seen to exit, not a zombie,
@@ -528,9 +596,13 @@ async function endTree(a: Attempt, roots: ProcessHandle[], graceMs: number, emit
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
   const claim = claimOf(a);
+  const launched = [a.command, ...a.argv];
+  // Env mode: the token is in environments, read only of processes whose argv fits the launch.
+  const candidate = (argv: string[]) =>
+    a.tokenMode === 'env' ? mayCarryEnvToken(argv, launched, a.executablePath) : argv.some((x) => x.includes(a.token));
   try {
     for (const p of await backend.listProcesses()) {
-      if (rootPids.has(p.pid) || !p.argv.some((x) => x.includes(a.token))) continue;
+      if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
       let pinned;
       try {
         pinned = backend.inspectPinned(p.pid, { reapIfChild: true });
@@ -540,12 +612,14 @@ async function endTree(a: Attempt, roots: ProcessHandle[], graceMs: number, emit
       }
       // Re-checked under the pin: the scan alone proves nothing.
       const live = toIdentity(p.pid, pinned.raw, backend.bootId());
-      const verdict = judge(claim, live, { pids: rootPids, session: a.session });
+      const verdict = judge(claim, live, { pids: rootPids, session: a.session }, false, environOf(pinned.ref));
       if (verdict.ours) {
         extra.push(new ProcessHandle(pinned.ref, { identity: live, spawned: false }));
         continue;
       }
       pinned.ref.close();
+      // In env mode most candidates are merely the same program: only a token carrier is worth a warning.
+      if (a.tokenMode === 'env' && verdict.why === 'token') continue;
       if (verdict.why !== 'gone') emit('warning', { id: a.id, pid: p.pid, reason: verdict.why, message: `abandon left ${describeRejection(p.pid, verdict.why)}` });
     }
     const { members } = await terminateMembers([...roots, ...extra], { session: a.session, graceMs, reapIfChild: true, onEscalate });

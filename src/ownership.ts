@@ -19,6 +19,10 @@
  * 3. otherwise the token AND the expected program (the executable's
  *    dev/inode, or the exact argv) AND our uid (or the one the launch
  *    declared) AND our pid namespace, and never the launcher's own program.
+ *    The token is in argv, or, for programs with a fixed argv (`token:
+ *    'env'`), CUSTODY_TOKEN in the initial environment, which the caller
+ *    reads under its pin and this module parses; an environment that may not
+ *    be read proves nothing either way (`environ`: unprovable, never "no token").
  * Nothing here signals; callers act on the judgement and report rejections.
  */
 import { backend } from './backend/index.js';
@@ -30,9 +34,20 @@ export interface DevIno {
   ino: number;
 }
 
+/** Where a launch put its token: in argv (default), or CUSTODY_TOKEN in the initial environment. */
+export type TokenMode = 'argv' | 'env';
+
+/** The variable a `token: 'env'` launch sets. */
+export const TOKEN_VAR = 'CUSTODY_TOKEN';
+
+/** How much of an environment is read for the token (custody puts it first; a launcher may not). */
+export const ENVIRON_MAX_BYTES = 256 * 1024;
+
 /** What an instance's process must show to be taken for it. */
 export interface Claim {
   token: string;
+  /** Where the token is proven from; argv when absent. */
+  tokenMode?: TokenMode;
   /** argv elements it must carry besides the token. */
   expect: readonly string[];
   /** What the target runs: an executable, the exact argv, or unknown (a launcher's target without `executable`). */
@@ -68,6 +83,7 @@ export type Rejection =
   | 'argv'
   | 'launcher'
   | 'program'
+  | 'environ'
   | 'cgroup';
 export type Judgement = { ours: true; by: 'cgroup' | 'descent' | 'session' | 'token' } | { ours: false; why: Rejection };
 
@@ -99,11 +115,6 @@ export function protectedPid(pid: number): 'init' | 'self' | 'ancestor' | null {
   return null;
 }
 
-/** Whether an argv carries the token (inside any element) and every expected element exactly. */
-export function carries(argv: readonly string[], token: string, expect: readonly string[]): boolean {
-  return argv.some((a) => a.includes(token)) && expect.every((e) => argv.includes(e));
-}
-
 function sameArgv(a: readonly string[], b: readonly string[]): boolean {
   return a.length === b.length && a.every((v, i) => v === b[i]);
 }
@@ -126,16 +137,75 @@ function inCgroup(live: ProcessIdentity, cgroup: string): true | 'cgroup' | 'gon
 }
 
 /**
+ * Reads a process's environment, under the pin the identity was read with (backend.readEnviron). Throws
+ * EACCES/EPERM where it may not be read and ESRCH when the process is gone.
+ */
+export type EnvironReader = () => Buffer;
+
+/**
+ * The value of CUSTODY_TOKEN in an environment block (NUL-separated KEY=value, as /proc/<pid>/environ has
+ * it): the first occurrence, as getenv finds it; null when there is none.
+ */
+export function envToken(environ: Buffer): string | null {
+  const key = Buffer.from(`${TOKEN_VAR}=`);
+  for (let at = 0; at < environ.length; ) {
+    let end = environ.indexOf(0, at);
+    if (end === -1) end = environ.length;
+    if (end - at >= key.length && environ.subarray(at, at + key.length).equals(key)) {
+      return environ.subarray(at + key.length, end).toString('latin1');
+    }
+    at = end + 1;
+  }
+  return null;
+}
+
+/** The env-mode token check: 'environ' where it may not be read, 'gone' for a process that left meanwhile. */
+function envMark(token: string, environ: EnvironReader | undefined): Rejection | null {
+  if (!environ) return 'environ';
+  let block: Buffer;
+  try {
+    block = environ();
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'EACCES' || code === 'EPERM') return 'environ';
+    if (code === 'ESRCH' || code === 'ENOENT') return 'gone';
+    throw err;
+  }
+  return envToken(block) === token ? null : 'token';
+}
+
+/**
+ * Whether a live process shows the launch's marks: its token (in argv, or in the environment for an env-mode
+ * claim) and every expected argv element. null when it does, else why not.
+ */
+export function tokenMarks(claim: Claim, live: ProcessIdentity, environ?: EnvironReader): Rejection | null {
+  return argvMarks(claim, live) ?? (claim.tokenMode === 'env' ? envMark(claim.token, environ) : null);
+}
+
+/** The argv's part of the marks: the token inside any element (argv mode), every expected element exactly. */
+function argvMarks(claim: Claim, live: ProcessIdentity): Rejection | null {
+  if (claim.tokenMode !== 'env' && !live.argv.some((a) => a.includes(claim.token))) return 'token';
+  if (!claim.expect.every((e) => live.argv.includes(e))) return 'expect';
+  return null;
+}
+
+/**
  * Rule 3 without descent: is this live process the instance's target by its
  * own marks? Inside the instance's cgroup uid and namespace are moot (it is
  * ours already); the marks still tell the target from its launcher and members.
  */
-function byToken(claim: Claim, live: ProcessIdentity, reported: boolean, inside = false): Judgement {
+function byToken(
+  claim: Claim,
+  live: ProcessIdentity,
+  reported: boolean,
+  environ: EnvironReader | undefined,
+  inside = false,
+): Judgement {
   const ours = process.getuid?.();
   if (!inside && live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
   if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
-  if (!live.argv.some((a) => a.includes(claim.token))) return { ours: false, why: 'token' };
-  if (!claim.expect.every((e) => live.argv.includes(e))) return { ours: false, why: 'expect' };
+  const marks = argvMarks(claim, live);
+  if (marks) return { ours: false, why: marks };
   const program = claim.program;
   if (program && 'exe' in program) {
     if (!sameFile(live.exe, program.exe)) return { ours: false, why: 'exe' };
@@ -149,6 +219,11 @@ function byToken(claim: Claim, live: ProcessIdentity, reported: boolean, inside 
   // carry: only a pid the launch itself was handed (a pidfile, a pid
   // function) may be taken on it.
   if (!program && !reported) return { ours: false, why: 'program' };
+  // Last: the environment is read only of a process that fits the program.
+  if (claim.tokenMode === 'env') {
+    const why = envMark(claim.token, environ);
+    if (why) return { ours: false, why };
+  }
   return { ours: true, by: 'token' };
 }
 
@@ -157,8 +232,16 @@ function byToken(claim: Claim, live: ProcessIdentity, reported: boolean, inside 
  * enables the descent rule (for a tree, an abandon, a reap); without it only
  * the process's own marks count (for choosing a target). `reported`: the
  * pid came from the launch's own pid source (pidfile, pid function).
+ * `environ` reads the process's environment under the same pin: an env-mode
+ * claim cannot be met without it.
  */
-export function judge(claim: Claim, live: ProcessIdentity, members?: Members, reported = false): Judgement {
+export function judge(
+  claim: Claim,
+  live: ProcessIdentity,
+  members?: Members,
+  reported = false,
+  environ?: EnvironReader,
+): Judgement {
   const guarded = protectedPid(live.pid);
   if (guarded) return { ours: false, why: guarded };
   if (dead(live.state)) return { ours: false, why: 'gone' };
@@ -166,13 +249,13 @@ export function judge(claim: Claim, live: ProcessIdentity, members?: Members, re
   if (cgroup) {
     const r = inCgroup(live, cgroup);
     if (r !== true) return { ours: false, why: r };
-    return members ? { ours: true, by: 'cgroup' } : byToken(claim, live, reported, true);
+    return members ? { ours: true, by: 'cgroup' } : byToken(claim, live, reported, environ, true);
   }
   if (members) {
     if (members.pids.has(live.ppid)) return { ours: true, by: 'descent' };
     if (members.session != null && live.session === members.session) return { ours: true, by: 'session' };
   }
-  return byToken(claim, live, reported);
+  return byToken(claim, live, reported, environ);
 }
 
 /** A member by cgroup (where the instance has one: nothing else then), or else by descent or session (processes that carry no token). */
@@ -192,6 +275,7 @@ export function describeRejection(pid: number, why: Rejection): string {
     namespace: 'it is in another pid namespace',
     uid: 'it runs as another uid',
     token: 'it does not carry the launch token',
+    environ: 'its environment, where the token would be, cannot be read (another uid, or not dumpable): unprovable',
     expect: 'it lacks an expected argument',
     exe: 'it runs another executable',
     argv: 'its argv is not the launched argv',
@@ -231,4 +315,21 @@ export function indexByToken<T extends { argv: string[] }>(rows: Iterable<T>, wa
     }
   }
   return out;
+}
+
+/**
+ * For env-mode launches, which rows of a process-table scan are worth reading the environment of: the launched
+ * argv itself (the target with pid 'child', or a launcher and its forks), or a process whose argv[0] names the
+ * `executable` (path or file name). Every other process is passed over: its environment is never read.
+ */
+export function mayCarryEnvToken(
+  argv: readonly string[],
+  launched: readonly string[],
+  executable: string | null,
+): boolean {
+  if (argv.length === launched.length && argv.every((a, i) => a === launched[i])) return true;
+  if (!executable || argv.length === 0) return false;
+  const first = argv[0]!;
+  const base = (p: string) => p.slice(p.lastIndexOf('/') + 1);
+  return first === executable || base(first) === base(executable);
 }

@@ -6,8 +6,10 @@
  *
  * Cost: the manifests are read once; interrupted launches are found by
  * token in ONE process-table scan per recover(), indexed by token, and only
- * candidates are inspected (under a pin) after it. Ownership is decided by
- * the ownership module, as at launch.
+ * candidates are inspected (under a pin) after it. An env-mode launch's
+ * token is in environments: from the same scan, only the processes whose
+ * argv fits the launch have theirs read. Ownership is decided by the
+ * ownership module, as at launch.
  *
  * Instance cgroups: an adopted instance gets its recorded cgroup back (the
  * same directory, the same cgroup id); an interrupted launch's candidates
@@ -24,7 +26,18 @@ import { BadManifestError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
-import { describeRejection, indexByToken, isMember, judge, type Claim, type DevIno, type Judgement } from './ownership.js';
+import { environOf } from './launch.js';
+import {
+  describeRejection,
+  envToken,
+  indexByToken,
+  isMember,
+  judge,
+  mayCarryEnvToken,
+  type Claim,
+  type DevIno,
+  type Judgement,
+} from './ownership.js';
 import { removeDeclaredPaths } from './paths.js';
 import { readPidfile } from './pidfile.js';
 import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest, type StateStore } from './store.js';
@@ -64,13 +77,14 @@ export interface RecoveryHost {
   defer(id: string, error: Error): void;
 }
 
-type Pinned = { identity: ProcessIdentity; handle: ProcessHandle };
+/** A process read under a pin; `environ` reads its environment under the same pin. */
+type Pinned = { identity: ProcessIdentity; handle: ProcessHandle; environ: () => Buffer };
 
 function pin(pid: number): Pinned | null {
   try {
     const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
     const identity = toIdentity(pid, raw, backend.bootId());
-    return { identity, handle: new ProcessHandle(ref, { identity, spawned: false }) };
+    return { identity, handle: new ProcessHandle(ref, { identity, spawned: false }), environ: environOf(ref) };
   } catch (err) {
     if (isNoProcess(err)) return null;
     throw err;
@@ -96,12 +110,48 @@ function targetClaim(m: Manifest): Claim {
     program: exe ? { exe } : m.pidSource === 'child' ? { argv: [m.command, ...m.args] } : null,
     launcherExe: m.pidSource === 'child' ? null : fileId(m.command),
     uid: m.uid ?? null,
+    tokenMode: m.tokenMode ?? 'argv',
   };
 }
 
 /** The launcher custody spawned (or its fork before exec): exactly the recorded argv. */
 function launcherClaim(m: Manifest): Claim {
-  return { token: m.token, expect: [], program: { argv: [m.command, ...m.args] }, launcherExe: null, uid: m.uid ?? null };
+  const tokenMode = m.tokenMode ?? 'argv';
+  const program = { argv: [m.command, ...m.args] };
+  return { token: m.token, expect: [], program, launcherExe: null, uid: m.uid ?? null, tokenMode };
+}
+
+/** Env tokens found in one scan: CUSTODY_TOKEN's value -> pids, and the processes whose environment may not be read. */
+interface EnvIndex {
+  byToken: Map<string, number[]>;
+  unreadable: ProcEntry[];
+}
+
+/**
+ * Reads, under a pin, the environment of each scanned process that fits one of the env-mode launches (its
+ * argv is the launch's, or its argv[0] names the executable), once however many launches it fits; every
+ * other process's environment is never read.
+ */
+function envIndex(rows: ProcEntry[], launches: Manifest[]): EnvIndex {
+  const out: EnvIndex = { byToken: new Map(), unreadable: [] };
+  if (launches.length === 0) return out;
+  const fits = launches.map((m) => ({ launched: [m.command, ...m.args], executable: m.executable }));
+  for (const row of rows) {
+    if (!fits.some((f) => mayCarryEnvToken(row.argv, f.launched, f.executable))) continue;
+    const p = pin(row.pid);
+    if (!p) continue;
+    try {
+      const token = envToken(p.environ());
+      if (token !== null) out.byToken.set(token, [...(out.byToken.get(token) ?? []), row.pid]);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'EACCES' || code === 'EPERM') out.unreadable.push(row);
+      else if (!isNoProcess(err)) throw err;
+    } finally {
+      p.handle.close();
+    }
+  }
+  return out;
 }
 
 /** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
@@ -159,12 +209,30 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       manifests.push({ id, err });
     }
   }
-  // One scan for all interrupted launches, indexed by their tokens.
-  const startingTokens = new Set(manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m.token] : [])));
-  let scan: Promise<Map<string, ProcEntry[]>> | undefined;
-  const carriersOf = (token: string) => {
-    scan ??= backend.listProcesses().then((rows) => indexByToken(rows, startingTokens));
-    return scan.then((index) => index.get(token) ?? []);
+  // One scan for all interrupted launches, indexed by their tokens: argv tokens from the argv of every
+  // process; env tokens from the environments of the processes that fit an env-mode launch, each read once.
+  const starting = manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m] : []));
+  const startingTokens = new Set(starting.flatMap((m) => (m.tokenMode === 'env' ? [] : [m.token])));
+  const envLaunches = starting.filter((m) => m.tokenMode === 'env');
+  let scan: Promise<{ index: Map<string, ProcEntry[]>; env: EnvIndex }> | undefined;
+  const carriersOf = async (m: Manifest): Promise<number[]> => {
+    scan ??= backend
+      .listProcesses()
+      .then((rows) => ({ index: indexByToken(rows, startingTokens), env: envIndex(rows, envLaunches) }));
+    const { index, env } = await scan;
+    if (m.tokenMode !== 'env') return (index.get(m.token) ?? []).map((p) => p.pid);
+    // An environment that cannot be read may be this launch's: the rule decides (unprovable), never the scan.
+    const launched = [m.command, ...m.args];
+    const unreadable = env.unreadable.filter((p) => mayCarryEnvToken(p.argv, launched, m.executable)).map((p) => p.pid);
+    return [...(env.byToken.get(m.token) ?? []), ...unreadable];
+  };
+
+  // Per interrupted env-mode launch: the candidates whose environment may not be read.
+  const unreadableEnv = new Map<string, Set<number>>();
+  const unreadableOf = (m: Manifest) => {
+    let set = unreadableEnv.get(m.id);
+    if (!set) unreadableEnv.set(m.id, (set = new Set()));
+    return set;
   };
 
   for (const { id, m, err } of manifests) {
@@ -339,9 +407,10 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     const program = fileId(m.executable) ? { exe: fileId(m.executable)! } : null;
     const claim: Claim = { ...targetClaim(m), program, launcherExe: null, cgroup: cg?.node ?? null };
     // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
-    const j = judge(claim, l.identity, undefined, true);
+    const j = judge(claim, l.identity, undefined, true, l.environ);
     if (!j.ours) {
       l.handle.close();
+      // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
       const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' || j.why === 'cgroup' ? 'mismatch' : 'unprovable';
       const field = j.why === 'init' || j.why === 'self' || j.why === 'ancestor' ? 'pid' : j.why;
       await quarantine(id, m, reason, v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : field);
@@ -392,13 +461,13 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     if (m.pidSource === 'function' && !m.executable) {
       // The pid came from a function recovery cannot call again, and nothing
       // else names the target's program: no carrier can be proven the target.
-      const carriers = await carriersOf(m.token);
+      const carriers = await carriersOf(m);
       if (carriers.length === 0) return clean(m, 'gone', undefined, 2000);
       return quarantine(m.id, m, 'unprovable', 'executable');
     }
     const deadline = Date.now() + STARTING_CONFIRM_MS;
     // With a cgroup the candidates are its members: a token carrier outside it is a bystander, never one.
-    let candidates = inside ? inside.procs() : (await carriersOf(m.token)).map((p) => p.pid);
+    let candidates = inside ? inside.procs() : await carriersOf(m);
     for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
       const chosen = await findTarget(m, target, candidates, inside !== null);
       if (chosen) {
@@ -416,11 +485,15 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         // Only the candidates (and what they forked since) are looked at again, never the whole table.
         const live = candidates.filter((pid) => backend.stat(pid) !== null);
         candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
-        if (live.length === 0 || Date.now() >= deadline) break;
+        // An environment that may not be read stays so: waiting cannot prove those.
+        const waitable = live.filter((pid) => !unreadableOf(m).has(pid));
+        if (waitable.length === 0 || Date.now() >= deadline) break;
       }
       await new Promise((r) => setTimeout(r, delay));
     }
     if (!inside) await endOurs(m, [target, launcher], candidates);
+    // A process whose environment may not be read may be the launch's: unprovable, never "gone".
+    if (unreadableOf(m).size > 0) return quarantine(m.id, m, 'unprovable', 'environ');
     // Its cgroup's members, if any, get SIGTERM, a grace, then cgroup.kill.
     await clean(m, 'gone', undefined, 2000);
   }
@@ -432,7 +505,9 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const pid = readPidfile(m.pidFile);
       if (pid === null) return null;
       const p = pin(pid);
-      if (p && judge(claim, p.identity, undefined, true).ours) return p;
+      const j = p && judge(claim, p.identity, undefined, true, p.environ);
+      if (p && j?.ours) return p;
+      if (j && !j.ours && j.why === 'environ') unreadableOf(m).add(pid);
       p?.handle.close();
       return null;
     }
@@ -440,7 +515,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     for (const pid of candidates) {
       const p = pin(pid);
       if (!p) continue;
-      const j = judge(claim, p.identity);
+      const j = judge(claim, p.identity, undefined, false, p.environ);
       if (j.ours) ours.push(p);
       else {
         if (!members) reject(m, p.identity.pid, j);
@@ -449,13 +524,22 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     }
     // A process and its own fork may both qualify: the target is the one that is no other's parent.
     const parents = new Set(ours.map((c) => c.identity.ppid));
-    const chosen = ours.find((c) => !parents.has(c.identity.pid)) ?? null;
+    // An env-mode token is inherited by every process the launch starts (a launcher's `sleep 0.6` too), and
+    // the child custody spawned is never the child of another carrier: the target is one whose parent is not.
+    const spawnedChild = (c: Pinned) =>
+      m.tokenMode !== 'env' || m.pidSource !== 'child' || !candidates.includes(c.identity.ppid);
+    const chosen = ours.find((c) => !parents.has(c.identity.pid) && spawnedChild(c)) ?? null;
     for (const c of ours) if (c !== chosen) c.handle.close();
     return chosen;
   }
 
   function reject(m: Manifest, pid: number, j: Judgement): void {
     if (j.ours || j.why === 'gone' || j.why === 'launcher') return;
+    if (j.why === 'environ') {
+      // Said once per process: the wait for a target may ask again.
+      if (unreadableOf(m).has(pid)) return;
+      unreadableOf(m).add(pid);
+    }
     emit('warning', { id: m.id, pid, reason: j.why, message: `recovery of ${m.id}: ${describeRejection(pid, j.why)}` });
   }
 
@@ -465,7 +549,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     for (const pid of candidates) {
       const p = pin(pid);
       if (!p) continue;
-      const verdicts = claims.map((c) => judge(c, p.identity));
+      const verdicts = claims.map((c) => judge(c, p.identity, undefined, false, p.environ));
       if (verdicts.some((v) => v.ours)) roots.push(p.handle);
       else {
         reject(m, pid, verdicts[0]!);

@@ -42,8 +42,10 @@ export type ManifestState = 'starting' | 'running' | 'quarantined';
 export interface Manifest {
   version: number;
   id: string;
-  /** 128-bit random hex; the launched argv carries it. */
+  /** 128-bit random hex; the launched argv carries it, or (tokenMode 'env') its environment as CUSTODY_TOKEN. */
   token: string;
+  /** Where the token proved the process: 'argv' (the default; absent before env mode existed) or 'env'. */
+  tokenMode?: 'argv' | 'env';
   state: ManifestState;
   /** Recorded once exec is confirmed; null while starting. */
   identity: ProcessIdentity | null;
@@ -145,7 +147,11 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     throw bad(`unknown state ${JSON.stringify(v.state)}`);
   if (typeof v.command !== 'string' || v.command === '') throw bad('command is malformed');
   if (!isStrArr(v.args)) throw bad('args is not a list of strings');
-  if (!v.args.some((a) => a.includes(v.token as string))) throw bad('args do not carry the token');
+  if (v.tokenMode !== undefined && v.tokenMode !== 'argv' && v.tokenMode !== 'env') throw bad('tokenMode is malformed');
+  // An env-mode launch's argv is fixed (the token is in its environment); a launcher's may assemble the token.
+  if (v.tokenMode !== 'env' && v.pidSource === 'child' && !v.args.some((a) => a.includes(v.token as string))) {
+    throw bad('args do not carry the token');
+  }
   if (!isStrArr(v.expect)) throw bad('expect is not a list of strings');
   if (!isStrArr(v.paths)) throw bad('paths is not a list of strings');
   if (v.pidSource !== 'child' && v.pidSource !== 'file' && v.pidSource !== 'function')

@@ -6,7 +6,14 @@
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync, statSync } from 'node:fs';
 import { CgroupRoot, validateLimits, type CgroupOptions, type CgroupUsage, type InstanceCgroup } from './cgroup.js';
-import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError, UnsupportedError } from './errors.js';
+import {
+  AbortError,
+  CustodyError,
+  DeferredError,
+  InvalidArgError,
+  QuarantinedError,
+  UnsupportedError,
+} from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
@@ -22,6 +29,7 @@ import {
   type Instance,
   type LaunchSpec,
 } from './launch.js';
+import { NotifyChannel } from './notify.js';
 import { recover, type RecoveryReport } from './recover.js';
 import { removeDeclaredPaths } from './paths.js';
 import { assertEntryName, assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
@@ -170,6 +178,8 @@ export class Supervisor {
   #cgroups: CgroupRoot | null = null;
   /** Cgroups of launches in flight (made before their manifest is written). */
   readonly #launching = new Set<string>();
+  /** The sd_notify sockets of running instances launched with ready: 'notify'. */
+  #notifiers = new Set<NotifyChannel>();
 
   private constructor(options: SupervisorOptions, store: StateStore, emit: Emit) {
     this.#options = options;
@@ -371,10 +381,12 @@ export class Supervisor {
     const argv = typeof spec.args === 'function' ? spec.args(token) : spec.args;
     assertStringArray(argv, 'args');
     const pidSpec = spec.pid ?? 'child';
+    const tokenMode = spec.token ?? 'argv';
     // Only where the child's own argv is the target's can it be checked up
     // front: a launcher may assemble the target's argv (and its token) from
-    // its own, and only the confirmed target must carry it.
-    if (pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
+    // its own, and only the confirmed target must carry it. In env mode the
+    // environment carries it, whatever the argv.
+    if (tokenMode === 'argv' && pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
       throw new InvalidArgError(`args of ${spec.id} must carry the launch token: pass args as a function of the token`);
     }
     const pidFile = typeof pidSpec === 'object' ? pidSpec.file : null;
@@ -387,6 +399,7 @@ export class Supervisor {
       version: MANIFEST_VERSION,
       id: spec.id,
       token,
+      tokenMode,
       state: 'starting',
       identity: null,
       command: spec.command,
@@ -405,12 +418,14 @@ export class Supervisor {
     const a: Attempt = {
       id: spec.id,
       token,
+      tokenMode,
       command: spec.command,
       argv,
       uid: spec.uid ?? null,
       session: null,
       expect: manifest.expect,
       executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
+      executablePath: spec.executable ?? null,
       paths: manifest.paths,
       pidSpec,
       launcherExits: spec.launcherExits !== false,
@@ -419,6 +434,7 @@ export class Supervisor {
       identity: null,
       cgroup: null,
       stderrTail: () => undefined,
+      notify: null,
     };
     // Stale paths of an earlier run would make readiness lie.
     removeDeclaredPaths(a.paths, this.#emit, spec.id);
@@ -453,10 +469,12 @@ export class Supervisor {
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
+      // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
+      if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
       startChild(a, spec, logs);
       this.#emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
       const deadline = Date.now() + confirmTimeoutMs;
-      const pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
+      let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
       this.#emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
       const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
@@ -472,7 +490,10 @@ export class Supervisor {
         const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
         await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
-        this.#emit('ready', { id: spec.id, pid, message: 'ready' });
+        // A notify launch's MAINPID= may have made another pid the target (re-confirmed).
+        pid = a.target!.pid;
+        const how = spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready';
+        this.#emit('ready', { id: spec.id, pid, message: how });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
       if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
@@ -488,11 +509,20 @@ export class Supervisor {
         if (a.cgroup && !cgroup) this.#removeLauncherCgroup(spec.id, a.child!, a.cgroup);
       }
       const tracked = this.#track(running, a.target!, cgroup);
+      const notify = a.notify;
+      if (notify) {
+        // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.
+        notify.keep();
+        this.#notifiers.add(notify);
+        void a.target!.gone.then(() => this.#notifiers.delete(notify));
+      }
       // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
       this.#reap();
       this.#emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
       return tracked;
     } catch (err) {
+      // Nothing said from here on counts.
+      a.notify?.close();
       let ended: number[];
       try {
         ended = await this.#withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, this.#emit));
@@ -853,6 +883,9 @@ export class Supervisor {
     this.#closed = true;
     if (this.#sweepTimer) clearInterval(this.#sweepTimer);
     while (this.#pending.size) await Promise.allSettled([...this.#pending]);
+    // After the launches in flight: one that completed meanwhile kept its socket too.
+    for (const n of this.#notifiers) n.close();
+    this.#notifiers.clear();
     this.#logs.close();
     this.#releaseAll();
   }
@@ -956,9 +989,18 @@ function validateSpec(spec: LaunchSpec): void {
   if (spec.launcherExits !== undefined && (typeof spec.launcherExits !== 'boolean' || !pidFile)) {
     throw new InvalidArgError('launcherExits is a boolean, and only for pid: { file }');
   }
-  if (spec.ready !== undefined && typeof spec.ready !== 'function') {
+  if (spec.token !== undefined && spec.token !== 'argv' && spec.token !== 'env') {
+    throw new InvalidArgError("token must be 'argv' or 'env'");
+  }
+  if (spec.ready === 'notify') {
+    // Refused before anything exists: no manifest, no process.
+    if (!backend.capabilities().notify) {
+      const why = backend.capabilities().reason ?? backend.name;
+      throw new UnsupportedError(`ready: 'notify' needs the native backend (${why})`);
+    }
+  } else if (spec.ready !== undefined && typeof spec.ready !== 'function') {
     if (!spec.ready || typeof spec.ready.socket !== 'string' || !spec.ready.socket.startsWith('/')) {
-      throw new InvalidArgError('ready must be { socket: absolutePath, probe?, timeoutMs? } or a function');
+      throw new InvalidArgError("ready must be 'notify', { socket: absolutePath, probe?, timeoutMs? } or a function");
     }
     if (spec.ready.probe !== undefined && typeof spec.ready.probe !== 'function') {
       throw new InvalidArgError('ready.probe must be a function');

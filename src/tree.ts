@@ -161,12 +161,11 @@ export async function terminateMembers(
     set.signal(term);
     const deadline = Date.now() + graceMs;
     let escalated = false;
-    let grew = false;
     for (;;) {
       const r = await within(set.allGone(), Math.min(50, Math.max(0, deadline - Date.now())), options.signal);
-      // All gone, or a tick: look for members forked meanwhile.
-      const added = set.grow(r !== TIMED_OUT && grew);
-      grew ||= added > 0;
+      // All gone, or a tick: look for members forked meanwhile. Once all are gone, the session too: a
+      // child forked just before its parent died is re-parented away, but stays in the session.
+      const added = set.grow(r !== TIMED_OUT);
       if (r !== TIMED_OUT && added === 0) break;
       if (added > 0) set.signal(term);
       if (Date.now() < deadline) continue;

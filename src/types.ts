@@ -68,6 +68,13 @@ export interface Capabilities {
   raceFreeIdentity: boolean;
   /** Children are created with a pidfd from birth (clone CLONE_PIDFD|CLONE_VFORK). */
   spawnWithPidfd: boolean;
+  /** ready: 'notify' (systemd's sd_notify) works: a datagram socket with its senders' credentials (native backend). */
+  notify: boolean;
+  /**
+   * Each notification carries a pidfd on its sender (SO_PASSPIDFD, Linux 6.5), so a sender that exited, and
+   * whose pid was reused, before custody read its message is never mistaken for the new owner of the pid.
+   */
+  notifyPidfd: boolean;
   /** Errno name per probed kernel call ('' when it works), for diagnostics. */
   probe: Record<string, string>;
   /**

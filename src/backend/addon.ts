@@ -51,6 +51,15 @@ export interface NativeAddon {
   ): { pid: number; pidfd: number };
   /** '' where clone3 knows CLONE_INTO_CGROUP, else the errno name it answered. */
   probeCloneIntoCgroup(): string;
+  /** sd_notify's socket (native/notify.cc), bound to an abstract name; batch: [data, truncated, pid, uid, pidfd]... */
+  notifyOpen(
+    name: string,
+    callback: (error: NodeJS.ErrnoException | null, batch: Array<Buffer | boolean | number>) => void,
+  ): { id: number; passPidfd: boolean };
+  notifyClose(id: number): void;
+  notifyUnref(id: number): void;
+  /** '' when SO_PASSPIDFD works here (Linux 6.5), else its errno name. */
+  notifyProbe(): string;
   constants: {
     LOCK_EX: number;
     LOCK_SH: number;

@@ -31,6 +31,8 @@ function baseCaps(): Omit<Capabilities, 'backend' | 'probe'> {
     raceFreeSignals: false,
     raceFreeIdentity: false,
     spawnWithPidfd: false,
+    notify: false,
+    notifyPidfd: false,
   };
 }
 
@@ -57,6 +59,7 @@ function nativeCaps(addon: NativeAddon): Capabilities | { error: string } {
     addon.close(self);
   }
   const { release: _r, ...calls } = probe;
+  const soPassPidfd = addon.notifyProbe();
   return {
     ...baseCaps(),
     backend: 'native',
@@ -67,7 +70,9 @@ function nativeCaps(addon: NativeAddon): Capabilities | { error: string } {
     raceFreeSignals: true,
     raceFreeIdentity: true,
     spawnWithPidfd: true,
-    probe: calls,
+    notify: true,
+    notifyPidfd: soPassPidfd === '',
+    probe: { ...calls, soPassPidfd },
   };
 }
 

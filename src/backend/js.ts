@@ -16,7 +16,7 @@ import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '..
 import { assertOwnProc, ProcReads } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
-import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
 
 function esrch(pid: number, syscall: string): NodeJS.ErrnoException {
   const err = new Error(`${syscall} ESRCH (No such process): pid ${pid}`) as NodeJS.ErrnoException;
@@ -458,6 +458,14 @@ export class JsBackend extends ProcReads implements Backend {
       }
     }
     return out;
+  }
+
+  openNotify(): NotifyListener {
+    // Node has no unix datagram sockets, nor a way to receive SCM_CREDENTIALS.
+    throw new UnsupportedError(
+      "ready: 'notify' needs the native backend: receiving sd_notify datagrams with their senders' credentials " +
+        `takes a unix datagram socket with SO_PASSCRED, which Node cannot open (${this.#caps.reason ?? 'js backend'})`,
+    );
   }
 
   tryLock(): 'unsupported' {

@@ -13,7 +13,16 @@ import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
 import { assertOwnProc, ProcReads } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
-import type { Backend, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+import type {
+  Backend,
+  NotifyDatagram,
+  NotifyListener,
+  PidRef,
+  ProcEntry,
+  RawIdentity,
+  SpawnedChild,
+  SpawnRequest,
+} from './types.js';
 
 // siginfo si_code values for a child's end (CLD_*).
 const CLD_EXITED = 1;
@@ -209,6 +218,15 @@ export class NativePidRef implements PidRef {
   }
 }
 
+/** A pidfd's pidfs id, or null off pidfs (before Linux 6.9) or where it cannot be read. */
+function pidfsIdOf(addon: NativeAddon, fd: number): string | null {
+  try {
+    return addon.pidfsId(fd);
+  } catch {
+    return null;
+  }
+}
+
 /** For the message only: whose thread a TID is. */
 function tgidOf(pid: number, procRoot = '/proc'): number | null {
   try {
@@ -346,6 +364,40 @@ export class NativeBackend extends ProcReads implements Backend {
       out.push({ pid, ppid, pgrp, session, uid, startTicks, state, argv });
     }
     return out;
+  }
+
+  openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener {
+    const addon = this.#addon;
+    const exitInfo = this.#caps.exitInfoOfNonChildren;
+    let open = true;
+    const { id, passPidfd } = addon.notifyOpen(name, (error, flat) => {
+      const batch: NotifyDatagram[] = [];
+      for (let i = 0; i + 4 < flat.length; i += 5) {
+        const pid = flat[i + 2] as number;
+        const fd = flat[i + 4] as number;
+        // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
+        const sender = fd >= 0 ? new NativePidRef(addon, pid, fd, 'other', exitInfo) : fd === -2 ? 'gone' : null;
+        const [data, truncated, uid] = [flat[i] as Buffer, flat[i + 1] as boolean, flat[i + 3] as number];
+        batch.push({ data, truncated, pid, uid, sender, senderId: fd >= 0 ? pidfsIdOf(addon, fd) : null });
+      }
+      if (!open) {
+        for (const d of batch) if (d.sender && d.sender !== 'gone') d.sender.close();
+        return;
+      }
+      onBatch(batch, error);
+    });
+    return {
+      address: `@${name}`,
+      pinsSenders: passPidfd,
+      unref: () => {
+        if (open) addon.notifyUnref(id);
+      },
+      close: () => {
+        if (!open) return;
+        open = false;
+        addon.notifyClose(id);
+      },
+    };
   }
 
   tryLock(fd: number): boolean {

@@ -5,7 +5,17 @@
  * /proc/<pid> would be some other process. `<root>/self` resolves to our pid
  * as that /proc numbers it: equal to process.pid only when it is ours.
  */
-import { existsSync, readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import {
+  closeSync,
+  constants as fsc,
+  existsSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  readSync,
+  statSync,
+} from 'node:fs';
 import { decodeArg } from '../bytes.js';
 import { ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
@@ -133,6 +143,57 @@ export function sessionMembersOf(session: number, procRoot = '/proc'): number[] 
   return out;
 }
 
+function noSuchProcess(pid: number): NodeJS.ErrnoException {
+  const err = new Error(`read ESRCH (No such process): pid ${pid}`);
+  return Object.assign(err, { code: 'ESRCH', errno: -3, syscall: 'read' });
+}
+
+/**
+ * A pinned process's /proc/<pid>/environ, both backends (a plain read is all either needs, then the pin
+ * decides whether it was the pinned process's). At most maxBytes; never through a symlink.
+ */
+export function readEnvironOf(ref: PidRef, maxBytes: number, procRoot = '/proc'): Buffer {
+  assertOwnProc(procRoot);
+  let fd: number;
+  try {
+    fd = openSync(`${procRoot}/${ref.pid}/environ`, fsc.O_RDONLY | fsc.O_NOFOLLOW);
+  } catch (err) {
+    if (gone(err)) throw noSuchProcess(ref.pid);
+    throw err;
+  }
+  const chunks: Buffer[] = [];
+  let n = 0;
+  try {
+    // An environment is a few KiB; read it in pieces rather than reserve maxBytes each time.
+    while (n < maxBytes) {
+      const chunk = Buffer.allocUnsafe(Math.min(16384, maxBytes - n));
+      const got = readSync(fd, chunk, 0, chunk.length, null);
+      if (got === 0) break;
+      chunks.push(chunk.subarray(0, got));
+      n += got;
+    }
+  } catch (err) {
+    if (gone(err)) throw noSuchProcess(ref.pid);
+    throw err;
+  } finally {
+    closeSync(fd);
+  }
+  // Read by path: only if the pinned process still runs now was the pid still its own during the read.
+  if (!pinnedAlive(ref)) throw noSuchProcess(ref.pid);
+  return Buffer.concat(chunks, n);
+}
+
+/** Whether a pinned process still exists (signal 0 through its pin; EPERM means it does, and is not ours to signal). */
+export function pinnedAlive(ref: PidRef): boolean {
+  try {
+    return ref.signal(0);
+  } catch (err) {
+    // EPERM: not ours to signal, but it exists.
+    if ((err as NodeJS.ErrnoException).code === 'EPERM') return true;
+    throw err;
+  }
+}
+
 /**
  * A process's cgroup v2 path (the `0::` line of /proc/<pid>/cgroup), as its
  * hierarchy names it from our cgroup namespace; null when the process is
@@ -164,8 +225,8 @@ export function readMountinfo(): string {
 
 /**
  * What both backends read the same way, through plain /proc reads: stat,
- * children, session members, cgroup, mountinfo; and the reference for an
- * unprovable process.
+ * children, session members, cgroup, mountinfo, a pinned process's environ;
+ * and the reference for an unprovable process.
  */
 export abstract class ProcReads {
   stat(pid: number): StatFields | null {
@@ -190,5 +251,9 @@ export abstract class ProcReads {
 
   unproven(pid: number): PidRef {
     return new UnprovenPidRef(pid);
+  }
+
+  readEnviron(ref: PidRef, maxBytes: number): Buffer {
+    return readEnvironOf(ref, maxBytes);
   }
 }

@@ -90,6 +90,35 @@ export interface SpawnedChild {
   stderr: Readable | null;
 }
 
+/** One sd_notify datagram as the kernel delivered it. Nothing here is proof: the sender is judged by src/notify.ts. */
+export interface NotifyDatagram {
+  data: Buffer;
+  /** Longer than a notification may be (4096 bytes): never parsed. */
+  truncated: boolean;
+  /** The sender's pid and real uid from SCM_CREDENTIALS at send time; pid 0 when none came. */
+  pid: number;
+  uid: number;
+  /**
+   * The sender pinned by the kernel (SCM_PIDFD, Linux 6.5), for the receiver to check and close; null where
+   * the kernel has no SO_PASSPIDFD; 'gone' when the sender had exited before the datagram was read.
+   */
+  sender: PidRef | null | 'gone';
+  /** The pidfs id of that pidfd (Linux 6.9): names the sender exactly, even once it has exited and been reaped. */
+  senderId: string | null;
+}
+
+/** A bound notification socket. It keeps the event loop alive until closed or unref'd. */
+export interface NotifyListener {
+  /** The value for NOTIFY_SOCKET: '@' and the abstract name. */
+  readonly address: string;
+  /** Whether datagrams carry a pidfd on their sender (NotifyDatagram.sender). */
+  readonly pinsSenders: boolean;
+  /** The socket no longer keeps the event loop alive. */
+  unref(): void;
+  /** Stops reading and closes the socket. Idempotent. */
+  close(): void;
+}
+
 export interface Backend {
   readonly name: 'native' | 'js';
   capabilities(): Capabilities;
@@ -141,6 +170,17 @@ export interface Backend {
   matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]>;
   /** Scans the process table (off the event loop on the native backend). */
   listProcesses(procRoot?: string): Promise<ProcEntry[]>;
+  /**
+   * /proc/<pid>/environ of the pinned process: at most maxBytes (a prefix beyond). Read, then checked against
+   * the pin: ESRCH when its process is gone (the read may have been of a later owner of the pid, and is
+   * discarded). EACCES or EPERM when it may not be read (another uid, a process that is not dumpable).
+   */
+  readEnviron(ref: PidRef, maxBytes: number): Buffer;
+  /**
+   * Binds a datagram socket to the abstract unix name `name` (at most 107 bytes) that passes its senders'
+   * credentials, and calls onBatch on the loop with what arrives. ERR_CUSTODY_UNSUPPORTED on the js backend.
+   */
+  openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener;
   /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */
   tryLock(fd: number): boolean | 'unsupported';
 }

@@ -271,7 +271,8 @@ export class Supervisor {
     try {
       return await undo();
     } finally {
-      if (--this.#undoing === 0) this.#reserve.refill();
+      // Not after close(): the reserve would outlive the supervisor.
+      if (--this.#undoing === 0 && !this.#closed) this.#reserve.refill();
     }
   }
 

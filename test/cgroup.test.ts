@@ -157,7 +157,8 @@ describe(`cgroup roots and placement (${backend.name})`, () => {
       ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, '--input-type=module', '-e', script],
       {
         encoding: 'utf8',
-        env: { ...process.env, CUSTODY_BACKEND: backend.name },
+        // The other uid loads the package's own addon: a sanitizer build's private path and preload are not for it.
+        env: { ...withoutSanitizer(process.env), CUSTODY_BACKEND: backend.name },
       },
     );
     expect(JSON.parse(out)).toMatchObject({
@@ -246,3 +247,8 @@ describe(`cgroup roots and placement (${backend.name})`, () => {
     expect(u.memoryBytes === null || u.memoryBytes > 0).toBe(true);
   });
 });
+
+function withoutSanitizer(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const { CUSTODY_ADDON_PATH: _a, LD_PRELOAD: _p, ASAN_OPTIONS: _o, UBSAN_OPTIONS: _u, LSAN_OPTIONS: _l, ...rest } = env;
+  return rest;
+}

@@ -55,7 +55,9 @@ try {
     call('inspect(self)', () => addon.inspect(process.pid));
     const kept = call('inspect(self, keep pidfd)', () => addon.inspect(process.pid, '/proc', true));
     if (kept && kept[7] >= 0) call('close', () => addon.close(kept[7]));
-    call('inspect(gone)', () => addon.inspect(2 ** 22 + 1), ['ESRCH', 'ENOENT']);
+    // PID_MAX_LIMIT - 1: in range for the addon, held by no process here.
+    call('inspect(gone)', () => addon.inspect(2 ** 22 - 1), ['ESRCH', 'ENOENT']);
+    call('inspect(out of range)', () => addon.inspect(2 ** 32 + process.pid), ['ERR_OUT_OF_RANGE']);
 
     const self = call('pidfdOpen', () => addon.pidfdOpen(process.pid));
     if (self !== undefined) {
@@ -64,7 +66,7 @@ try {
       call('pidfdSendSignal(0)', () => addon.pidfdSendSignal(self, 0));
       call('close', () => addon.close(self));
     }
-    call('pidfdOpen(gone)', () => addon.pidfdOpen(2 ** 22 + 1), ['ESRCH']);
+    call('pidfdOpen(gone)', () => addon.pidfdOpen(2 ** 22 - 1), ['ESRCH']);
 
     const p = call('pipe', () => addon.pipe());
     if (p) p.forEach((fd) => call('close', () => addon.close(fd)));

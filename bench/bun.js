@@ -75,7 +75,12 @@ function fetchInto(name, dir) {
     renameSync(tmp, dir);
   } catch (err) {
     rmSync(tmp, { recursive: true, force: true });
-    throw new Error(`fetching ${name}@${BUN_VERSION} failed: ${String(err.stderr || err.message).trim().split('\n').pop()}`);
+    throw new Error(
+      `fetching ${name}@${BUN_VERSION} failed: ${String(err.stderr || err.message)
+        .trim()
+        .split('\n')
+        .pop()}`,
+    );
   }
 }
 

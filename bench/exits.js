@@ -109,14 +109,21 @@ export async function run({ quick = false } = {}) {
   const ratios = {
     growth,
     nativeOverC: Object.fromEntries(idleCounts.map((n) => [n, cost('native', n) / cost('c-plain', n)])),
-    childProcessOverNative: Object.fromEntries(idleCounts.map((n) => [n, cost('child_process', n) / cost('native', n)])),
+    childProcessOverNative: Object.fromEntries(
+      idleCounts.map((n) => [n, cost('child_process', n) / cost('native', n)]),
+    ),
     cPlainOverFiles: Object.fromEntries(idleCounts.map((n) => [n, cost('c-plain', n) / cost('c-files', n)])),
   };
   const round2 = (xs) => xs.map((x) => Math.round(x * 100) / 100);
   return {
     name,
     quick,
-    params: { ...params, short: SHORT, idle: 'bench/c/idle.c', unit: 'us per short-lived child: spawn + exit seen + reaped, median of rounds' },
+    params: {
+      ...params,
+      short: SHORT,
+      idle: 'bench/c/idle.c',
+      unit: 'us per short-lived child: spawn + exit seen + reaped, median of rounds',
+    },
     variants,
     ratios,
     targets: [
@@ -192,7 +199,8 @@ async function makeVariant(variant, idleBin, marker) {
     // Imported only here, after the parent set CUSTODY_BACKEND.
     const custody = await import('../dist/index.js');
     const actual = custody.capabilities().backend;
-    if (actual !== variant) throw new Error(`asked for the ${variant} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+    if (actual !== variant)
+      throw new Error(`asked for the ${variant} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
     const idle = [];
     return {
       idleCount: () => idle.length,

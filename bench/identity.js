@@ -9,7 +9,18 @@
 //   node bench/identity.js --worker <native|js> <pid> <iterations> <rounds> <warmup>
 // which prints one JSON line in the same shape as the C program's.
 import { fileURLToPath } from 'node:url';
-import { buildC, formatNs, formatRatio, formatTable, formatTargets, runAsScript, runJson, runWorker, startSleeper, summarize } from './lib.js';
+import {
+  buildC,
+  formatNs,
+  formatRatio,
+  formatTable,
+  formatTargets,
+  runAsScript,
+  runJson,
+  runWorker,
+  startSleeper,
+  summarize,
+} from './lib.js';
 
 export const name = 'identity';
 
@@ -95,7 +106,8 @@ function checkSamples(raw) {
     const fields = ['state', 'ppid', 'startTicks', 'uid', 'argc'];
     if (key === 'native') fields.push('pidfsId');
     for (const f of fields) {
-      if (s[f] !== c[f]) throw new Error(`identity: ${key} read ${f}=${JSON.stringify(s[f])}, C read ${JSON.stringify(c[f])}`);
+      if (s[f] !== c[f])
+        throw new Error(`identity: ${key} read ${f}=${JSON.stringify(s[f])}, C read ${JSON.stringify(c[f])}`);
     }
     if (JSON.stringify(s.exe) !== JSON.stringify(c.exe)) {
       throw new Error(`identity: ${key} read exe ${JSON.stringify(s.exe)}, C read ${JSON.stringify(c.exe)}`);
@@ -130,7 +142,8 @@ export function report(results) {
 async function worker([backend, pidArg, iterationsArg, roundsArg, warmupArg]) {
   const custody = await import('../dist/index.js');
   const actual = custody.capabilities().backend;
-  if (actual !== backend) throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+  if (actual !== backend)
+    throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
   const [pid, iterations, rounds, warmup] = [pidArg, iterationsArg, roundsArg, warmupArg].map(Number);
   const { inspect } = custody;
 

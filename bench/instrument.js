@@ -78,6 +78,11 @@ export function profileBackend(backend) {
     };
   }
   return {
-    snapshot: () => Object.fromEntries(Object.entries(stats).filter(([, s]) => s.calls + s.nested > 0).map(([k, s]) => [k, { ...s }])),
+    snapshot: () =>
+      Object.fromEntries(
+        Object.entries(stats)
+          .filter(([, s]) => s.calls + s.nested > 0)
+          .map(([k, s]) => [k, { ...s }]),
+      ),
   };
 }

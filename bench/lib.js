@@ -63,7 +63,9 @@ export function runJson(command, args = [], { env = process.env, timeoutMs = 120
       clearTimeout(timer);
       const tail = stderr.trim().split('\n').slice(-5).join('\n');
       if (code !== 0) {
-        const how = signal ? `was killed by ${signal}${signal === 'SIGKILL' ? ` (timeout ${timeoutMs} ms?)` : ''}` : `exited ${code}`;
+        const how = signal
+          ? `was killed by ${signal}${signal === 'SIGKILL' ? ` (timeout ${timeoutMs} ms?)` : ''}`
+          : `exited ${code}`;
         reject(new Error(`${what} ${how}${tail ? `:\n${tail}` : ''}`));
         return;
       }
@@ -71,7 +73,11 @@ export function runJson(command, args = [], { env = process.env, timeoutMs = 120
       try {
         resolve(JSON.parse(line));
       } catch {
-        reject(new Error(`${what} printed no JSON result (last line: ${JSON.stringify(line.slice(0, 200))})${tail ? `\n${tail}` : ''}`));
+        reject(
+          new Error(
+            `${what} printed no JSON result (last line: ${JSON.stringify(line.slice(0, 200))})${tail ? `\n${tail}` : ''}`,
+          ),
+        );
       }
     });
   });

@@ -42,7 +42,17 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { countFsyncs } from './instrument.js';
 import { buildC, formatRatio, formatTable, median, runAsScript, summarize } from './lib.js';
-import { childrenOf, cpuTicks, diskBase, fsType, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
+import {
+  childrenOf,
+  cpuTicks,
+  diskBase,
+  fsType,
+  newMarker,
+  noiseLine,
+  otherCpuShare,
+  runWorkerNofile,
+  sweepMarker,
+} from './procs.js';
 
 export const name = 'lifecycle';
 
@@ -114,7 +124,17 @@ export async function run({ quick = false } = {}) {
         try {
           res = await runWorkerNofile(
             self,
-            [b.key, base, idleBin, marker, params.roundMs, 1, params.warmupMs, storeOpsPerRound, ...MODES.map((m) => m.concurrency)],
+            [
+              b.key,
+              base,
+              idleBin,
+              marker,
+              params.roundMs,
+              1,
+              params.warmupMs,
+              storeOpsPerRound,
+              ...MODES.map((m) => m.concurrency),
+            ],
             { env: { CUSTODY_BACKEND: b.key }, timeoutMs },
           );
         } finally {
@@ -122,7 +142,14 @@ export async function run({ quick = false } = {}) {
           rmSync(base, { recursive: true, force: true });
         }
         leftover += res.leftoverChildren + res.leftoverState;
-        const r = ((raw[b.key] ??= {})[st.key] ??= { rates: {}, counts: {}, launch: {}, stop: {}, phases: {}, store: [] });
+        const r = ((raw[b.key] ??= {})[st.key] ??= {
+          rates: {},
+          counts: {},
+          launch: {},
+          stop: {},
+          phases: {},
+          store: [],
+        });
         for (const m of MODES) {
           const x = res.modes[String(m.concurrency)];
           (r.rates[m.key] ??= []).push(...x.rates);
@@ -178,7 +205,12 @@ export async function run({ quick = false } = {}) {
   return {
     name,
     quick,
-    params: { ...params, concurrency: CONCURRENCY, process: 'bench/c/idle.c 30 <marker> <token>', unit: 'launch+stop cycles per second, median of rounds' },
+    params: {
+      ...params,
+      concurrency: CONCURRENCY,
+      process: 'bench/c/idle.c 30 <marker> <token>',
+      unit: 'launch+stop cycles per second, median of rounds',
+    },
     storage,
     variants,
     ratios,
@@ -220,7 +252,14 @@ export function report(results) {
   for (const st of STORAGE) {
     for (const b of BACKENDS) {
       const s = variants[b.key][st.key].store;
-      storeRows.push([`${st.key} (${storage[st.key].fs})`, b.label, fmtUs(s.writeNewUs), fmtUs(s.overwriteUs), fmtUs(s.removeUs), fmtUs(s.cycleUs)]);
+      storeRows.push([
+        `${st.key} (${storage[st.key].fs})`,
+        b.label,
+        fmtUs(s.writeNewUs),
+        fmtUs(s.overwriteUs),
+        fmtUs(s.removeUs),
+        fmtUs(s.cycleUs),
+      ]);
     }
   }
   const phaseRows = [];
@@ -240,7 +279,9 @@ export function report(results) {
       }
     }
   }
-  const tmpfsMissing = storage.tmpfs.tmpfs ? null : `  note: ${storage.tmpfs.base} is not a tmpfs here (${storage.tmpfs.fs}): the tmpfs rows pay for a disk too`;
+  const tmpfsMissing = storage.tmpfs.tmpfs
+    ? null
+    : `  note: ${storage.tmpfs.base} is not a tmpfs here (${storage.tmpfs.fs}): the tmpfs rows pay for a disk too`;
   const fsyncShare = (b, m) => {
     const tmpfs = 1000 / variants[b].tmpfs.modes[m].median;
     const disk = 1000 / variants[b].disk.modes[m].median;
@@ -250,7 +291,9 @@ export function report(results) {
     `lifecycle: Supervisor.launch (2 fsync'd manifest writes, spawn, confirm) + stop (SIGTERM, reap, state removed) of ${params.process};` +
       ` ${params.rounds} rounds x ${params.roundMs} ms after ${params.warmupMs} ms warm-up; cycles/s${quick ? ' (quick)' : ''}`,
     `  launch ms / stop ms: median latency of each call (in ${CONCURRENCY}-concurrent mode it includes waiting for the other lanes)`,
-    formatTable(['variant', 'state dir', 'mode', 'median', 'min', 'max', 'vs js', 'launch ms', 'stop ms'], rows, { align: 'lllrrrrrr' }),
+    formatTable(['variant', 'state dir', 'mode', 'median', 'min', 'max', 'vs js', 'launch ms', 'stop ms'], rows, {
+      align: 'lllrrrrrr',
+    }),
     tmpfsMissing,
     '',
     `  where the time goes: mean ms per cycle in each phase, from custody's events, and fsyncs per cycle counted through node:fs.`,
@@ -267,7 +310,9 @@ export function report(results) {
     `  native / js: ${MODES.map((m) => `${m.label} ${formatRatio(ratios[m.key].nativeOverJsTmpfs)} on tmpfs, ${formatRatio(ratios[m.key].nativeOverJsDisk)} on disk`).join('; ')}`,
     '',
     `  the state store alone (StateStore of dist/store.js, ${params.storeOps} times each, median us): what one cycle writes`,
-    formatTable(['state dir', 'process', 'write new', 'overwrite', 'remove', 'all three'], storeRows, { align: 'llrrrr' }),
+    formatTable(['state dir', 'process', 'write new', 'overwrite', 'remove', 'all three'], storeRows, {
+      align: 'llrrrr',
+    }),
     '',
     `  leftover processes and state after the run: ${leftoverProcesses}`,
     noiseLine(otherCpu, loadavg),
@@ -319,16 +364,32 @@ async function timeStore(StateStore, manifest, dir, ops) {
     cycle.push((t3 - t0) * 1000);
   }
   store.close();
-  return { writeNewUs: median(writeNew), overwriteUs: median(overwrite), removeUs: median(remove), cycleUs: median(cycle) };
+  return {
+    writeNewUs: median(writeNew),
+    overwriteUs: median(overwrite),
+    removeUs: median(remove),
+    cycleUs: median(cycle),
+  };
 }
 
-async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, warmupArg, storeOpsArg, ...concurrencyArgs]) {
+async function worker([
+  backend,
+  base,
+  idleBin,
+  marker,
+  roundMsArg,
+  roundsArg,
+  warmupArg,
+  storeOpsArg,
+  ...concurrencyArgs
+]) {
   const [roundMs, rounds, warmupMs, storeOps] = [roundMsArg, roundsArg, warmupArg, storeOpsArg].map(Number);
   // Before custody loads: its state store binds fsync when it does.
   const fsyncs = countFsyncs();
   const custody = await import('../dist/index.js');
   const actual = custody.capabilities().backend;
-  if (actual !== backend) throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+  if (actual !== backend)
+    throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
   const stateDir = join(base, 'state');
   // stamps.get(id)[event type] = when the event reached the sink.
   const stamps = new Map();
@@ -358,7 +419,10 @@ async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, wa
     if (r.outcome !== 'exited' || r.escalated) throw new Error(`stop of ${id} gave ${JSON.stringify(r)}`);
     if (phaseSums) {
       for (const [k, , from, to] of PHASES) {
-        if (rec[from] === undefined || rec[to] === undefined) throw new Error(`${id}: no ${rec[from] === undefined ? from : to} stamp (events seen: ${Object.keys(rec).join(', ')})`);
+        if (rec[from] === undefined || rec[to] === undefined)
+          throw new Error(
+            `${id}: no ${rec[from] === undefined ? from : to} stamp (events seen: ${Object.keys(rec).join(', ')})`,
+          );
         phaseSums[k] = (phaseSums[k] ?? 0) + (rec[to] - rec[from]);
       }
       phaseCycles++;
@@ -402,7 +466,9 @@ async function worker([backend, base, idleBin, marker, roundMsArg, roundsArg, wa
   const { StateStore } = await import('../dist/store.js');
   const storeDir = mkdtempSync(join(base, 'store-'));
   const store = await timeStore(StateStore, sample, join(storeDir, 'state'), storeOps);
-  process.stdout.write(`${JSON.stringify({ backend, modes, store, leftoverChildren: childrenOf(process.pid).length, leftoverState })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ backend, modes, store, leftoverChildren: childrenOf(process.pid).length, leftoverState })}\n`,
+  );
 }
 
 await runAsScript(import.meta.url, { run, report, worker });

@@ -31,7 +31,16 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { buildC, formatTable, formatTargets, isMain } from './lib.js';
-import { childrenOf, cpuTicks, fdCount, newMarker, noiseLine, otherCpuShare, runWorkerNofile, sweepMarker } from './procs.js';
+import {
+  childrenOf,
+  cpuTicks,
+  fdCount,
+  newMarker,
+  noiseLine,
+  otherCpuShare,
+  runWorkerNofile,
+  sweepMarker,
+} from './procs.js';
 
 export const name = 'memory';
 
@@ -88,7 +97,13 @@ export async function run({ quick = false } = {}) {
     const marker = newMarker('memory');
     const dir = tmpfsDir('memory');
     try {
-      hold[v.key] = { label: v.label, ...(await runWorkerNofile(self, ['hold', v.key, idleBin, marker, params.hold, params.holdRounds, dir], { env: v.env, timeoutMs })) };
+      hold[v.key] = {
+        label: v.label,
+        ...(await runWorkerNofile(self, ['hold', v.key, idleBin, marker, params.hold, params.holdRounds, dir], {
+          env: v.env,
+          timeoutMs,
+        })),
+      };
     } finally {
       escaped += sweepMarker(marker);
       rmSync(dir, { recursive: true, force: true });
@@ -222,7 +237,18 @@ export function report(results) {
   for (const b of CYCLE_BACKENDS) {
     for (const p of cycles[b].checkpoints) {
       if (p.cycle % params.printEvery !== 0) continue;
-      cycleRows.push([b, p.cycle.toLocaleString('en-US'), mib(p.heapUsed), mib(p.heapTotal), mib(p.rss), mib(p.external), p.fds, p.children, p.stateEntries, p.tracked]);
+      cycleRows.push([
+        b,
+        p.cycle.toLocaleString('en-US'),
+        mib(p.heapUsed),
+        mib(p.heapTotal),
+        mib(p.rss),
+        mib(p.external),
+        p.fds,
+        p.children,
+        p.stateEntries,
+        p.tracked,
+      ]);
     }
   }
   const verdicts = CYCLE_BACKENDS.map((b) => {
@@ -237,14 +263,44 @@ export function report(results) {
   const lines = [
     `memory: per supervised process, ${n} idle children held (bench/c/idle.c), ${params.holdRounds} rounds;` +
       ` bytes per process from process.memoryUsage() after gc, round 1${quick ? ' (quick)' : ''}`,
-    formatTable(['variant', 'heap B', 'rss B', 'external B', 'fds', 'us to start', 'heap kept by round 1', `heap kept/process, round ${params.holdRounds}`], holdRows),
+    formatTable(
+      [
+        'variant',
+        'heap B',
+        'rss B',
+        'external B',
+        'fds',
+        'us to start',
+        'heap kept by round 1',
+        `heap kept/process, round ${params.holdRounds}`,
+      ],
+      holdRows,
+    ),
     '',
     `  growth: ${params.cycles.toLocaleString('en-US')} Supervisor launch+stop cycles, a new id each (idle 30 <marker> <token>, state on ${params.stateDir}), read after gc`,
-    formatTable(['backend', 'cycle', 'heap MiB', 'heap total', 'rss MiB', 'external', 'fds', 'children', 'state entries', 'tracked'], cycleRows),
+    formatTable(
+      [
+        'backend',
+        'cycle',
+        'heap MiB',
+        'heap total',
+        'rss MiB',
+        'external',
+        'fds',
+        'children',
+        'state entries',
+        'tracked',
+      ],
+      cycleRows,
+    ),
     ...verdicts,
     '',
     formatTargets(
-      targets.map((t) => ({ ...t, shown: t.shown ?? `${t.value.toFixed(0)} ${t.unit}`, shownLimit: t.shownLimit ?? `${t.op} ${t.limit} ${t.unit}` })),
+      targets.map((t) => ({
+        ...t,
+        shown: t.shown ?? `${t.value.toFixed(0)} ${t.unit}`,
+        shownLimit: t.shownLimit ?? `${t.op} ${t.limit} ${t.unit}`,
+      })),
       { quick },
     ),
     '',
@@ -267,13 +323,21 @@ async function measured() {
   await settle();
   globalThis.gc();
   const m = process.memoryUsage();
-  return { heapUsed: m.heapUsed, heapTotal: m.heapTotal, rss: m.rss, external: m.external, arrayBuffers: m.arrayBuffers, fds: fdCount() };
+  return {
+    heapUsed: m.heapUsed,
+    heapTotal: m.heapTotal,
+    rss: m.rss,
+    external: m.external,
+    arrayBuffers: m.arrayBuffers,
+    fds: fdCount(),
+  };
 }
 
 async function loadCustody(backend) {
   const custody = await import('../dist/index.js');
   const actual = custody.capabilities().backend;
-  if (actual !== backend) throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+  if (actual !== backend)
+    throw new Error(`asked for the ${backend} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
   return custody;
 }
 
@@ -378,7 +442,10 @@ async function holdWorker([variant, idleBin, marker, nArg, roundsArg, stateDir])
       // After the first round: what the first round kept (tables grown to
       // size, compiled code) and, per process, what a later round kept.
       retainedFirst: { heapUsed: out[0].end.heapUsed - before.heapUsed, fds: out[0].end.fds - before.fds },
-      leakPerProcess: rounds > 1 ? { heapUsed: (last.end.heapUsed - last.before.heapUsed) / n, fds: (last.end.fds - last.before.fds) / n } : null,
+      leakPerProcess:
+        rounds > 1
+          ? { heapUsed: (last.end.heapUsed - last.before.heapUsed) / n, fds: (last.end.fds - last.before.fds) / n }
+          : null,
       leftoverChildren,
     })}\n`,
   );
@@ -393,7 +460,13 @@ async function cyclesWorker([backend, idleBin, marker, cyclesArg, everyArg, stat
   const checkpoints = [];
   const checkpoint = async (cycle) => {
     const m = await measured();
-    checkpoints.push({ cycle, ...m, children: childrenOf(process.pid).length, stateEntries: readdirSync(stateDir).length, tracked: supervisor.list().length });
+    checkpoints.push({
+      cycle,
+      ...m,
+      children: childrenOf(process.pid).length,
+      stateEntries: readdirSync(stateDir).length,
+      tracked: supervisor.list().length,
+    });
   };
   await checkpoint(0);
   const t0 = performance.now();
@@ -411,7 +484,9 @@ async function cyclesWorker([backend, idleBin, marker, cyclesArg, everyArg, stat
   const elapsed = performance.now() - t0;
   // The checkpoints' gc and scans are not the cycles' cost.
   const msPerCycle = elapsed / cycles;
-  process.stdout.write(`${JSON.stringify({ backend, cycles, every, msPerCycle, checkpoints, leftoverChildren: childrenOf(process.pid).length })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ backend, cycles, every, msPerCycle, checkpoints, leftoverChildren: childrenOf(process.pid).length })}\n`,
+  );
 }
 
 if (isMain(import.meta.url)) {

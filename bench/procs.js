@@ -21,7 +21,11 @@ export function nofileCommand(file, args = [], { execArgv = ['--expose-gc'], nof
 }
 
 /** Runs a bench module as a worker, like lib.js runWorker, but under a raised fd limit (see nofileCommand). */
-export function runWorkerNofile(file, args = [], { env = {}, execArgv = ['--expose-gc'], timeoutMs, nofile = 65536 } = {}) {
+export function runWorkerNofile(
+  file,
+  args = [],
+  { env = {}, execArgv = ['--expose-gc'], timeoutMs, nofile = 65536 } = {},
+) {
   const [command, argv] = nofileCommand(file, ['--worker', ...args], { execArgv, nofile });
   return runJson(command, argv, { env: { ...process.env, ...env }, timeoutMs });
 }
@@ -39,7 +43,9 @@ const PROCESS_HEADROOM = 1000;
 export function processBudget(wanted) {
   const limits = [];
   try {
-    const line = readFileSync('/proc/self/limits', 'utf8').split('\n').find((l) => l.startsWith('Max processes'));
+    const line = readFileSync('/proc/self/limits', 'utf8')
+      .split('\n')
+      .find((l) => l.startsWith('Max processes'));
     const soft = line?.slice('Max processes'.length).trim().split(/\s+/)[0];
     if (soft && soft !== 'unlimited') limits.push({ what: 'RLIMIT_NPROC', n: Number(soft) });
   } catch {
@@ -74,7 +80,13 @@ export function processBudget(wanted) {
 }
 
 // statfs(2) f_type values (linux/magic.h), as `stat -f` names them.
-const FS_MAGIC = { 0x01021994: 'tmpfs', 0xef53: 'ext2/3/4', 0x58465342: 'xfs', 0x9123683e: 'btrfs', 0x794c7630: 'overlayfs' };
+const FS_MAGIC = {
+  16914836: 'tmpfs',
+  61267: 'ext2/3/4',
+  1481003842: 'xfs',
+  2435016766: 'btrfs',
+  2035054128: 'overlayfs',
+};
 
 /**
  * The file system a path lives on: the type statfs(2) reports (what
@@ -94,12 +106,16 @@ export function fsType(path) {
     for (const line of readFileSync('/proc/self/mounts', 'utf8').split('\n')) {
       const [dev, dir, type] = line.split(' ');
       if (!dir) continue;
-      if ((path === dir || path.startsWith(dir.endsWith('/') ? dir : `${dir}/`)) && dir.length >= best.dir.length) best = { dir, type, dev };
+      if ((path === dir || path.startsWith(dir.endsWith('/') ? dir : `${dir}/`)) && dir.length >= best.dir.length)
+        best = { dir, type, dev };
     }
   } catch {
     // no /proc: statfs alone
   }
-  return { tmpfs: magic === 'tmpfs' || best.type === 'tmpfs', name: `${best.type}${best.dev && best.type !== 'tmpfs' ? ` on ${best.dev}` : ''}` };
+  return {
+    tmpfs: magic === 'tmpfs' || best.type === 'tmpfs',
+    name: `${best.type}${best.dev && best.type !== 'tmpfs' ? ` on ${best.dev}` : ''}`,
+  };
 }
 
 /**
@@ -206,7 +222,9 @@ function statFields(pid) {
 }
 
 function pids() {
-  return readdirSync('/proc').filter((e) => /^\d+$/.test(e)).map(Number);
+  return readdirSync('/proc')
+    .filter((e) => /^\d+$/.test(e))
+    .map(Number);
 }
 
 /** The pids whose parent is `pid`, from /proc (zombies included). */

@@ -154,7 +154,14 @@ export async function run({ quick = false, sizes: only = null } = {}) {
       if (grown.error) throw new Error(`recover holder: ${grown.error}`);
       pids.push(...grown.pids);
       holderBackend = grown.backend;
-      const point = { running: n, interrupted: m, launchMs: grown.ms, launched: grown.pids.length, c: {}, backends: {} };
+      const point = {
+        running: n,
+        interrupted: m,
+        launchMs: grown.ms,
+        launched: grown.pids.length,
+        c: {},
+        backends: {},
+      };
       for (const c of C_SCANS) {
         const r = await runJson(cBin, [c.mode, params.cRounds, 1].map(String));
         point.c[c.key] = { ...summarize(r.rounds_ms), listed: median(r.listed_rounds) };
@@ -169,7 +176,10 @@ export async function run({ quick = false, sizes: only = null } = {}) {
           const t0 = performance.now();
           let res;
           try {
-            res = await runWorkerNofile(self, [stateDir, m, n], { env: { CUSTODY_BACKEND: b.key }, timeoutMs: params.timeoutMs });
+            res = await runWorkerNofile(self, [stateDir, m, n], {
+              env: { CUSTODY_BACKEND: b.key },
+              timeoutMs: params.timeoutMs,
+            });
           } catch (err) {
             const elapsed = performance.now() - t0;
             const timedOut = elapsed >= params.timeoutMs - 1000;
@@ -197,7 +207,20 @@ export async function run({ quick = false, sizes: only = null } = {}) {
   if (!holderReport || holderReport.status.code !== 0 || holderReport.reaped !== holderReport.stopped) {
     throw new Error(`recover: the holder did not end its idle processes cleanly: ${JSON.stringify(holderReport)}`);
   }
-  return summarizeRun({ quick, params, sizes, budget, fs, base, holderBackend, points, stopped, leftover, loadBefore, cpuBefore });
+  return summarizeRun({
+    quick,
+    params,
+    sizes,
+    budget,
+    fs,
+    base,
+    holderBackend,
+    points,
+    stopped,
+    leftover,
+    loadBefore,
+    cpuBefore,
+  });
 }
 
 /** The line of a worker's failure that says what went wrong (runJson's message ends with its stderr). */
@@ -208,7 +231,20 @@ function briefError(err) {
 }
 
 /** Medians, growth and targets from the raw points. */
-function summarizeRun({ quick, params, sizes, budget, fs, base, holderBackend, points, stopped, leftover, loadBefore, cpuBefore }) {
+function summarizeRun({
+  quick,
+  params,
+  sizes,
+  budget,
+  fs,
+  base,
+  holderBackend,
+  points,
+  stopped,
+  leftover,
+  loadBefore,
+  cpuBefore,
+}) {
   for (const p of points) {
     for (const [key, b] of Object.entries(p.backends)) {
       if (b.openMs.length === 0) continue;
@@ -237,12 +273,17 @@ function summarizeRun({ quick, params, sizes, budget, fs, base, holderBackend, p
     for (let i = 1; i < measured.length; i++) {
       const [a, b] = [measured[i - 1], measured[i]];
       const added = b.running + b.interrupted - (a.running + a.interrupted);
-      marginal.push({ from: a.running, to: b.running, usPerManifest: ((b.backends[key].open.median - a.backends[key].open.median) * 1000) / added });
+      marginal.push({
+        from: a.running,
+        to: b.running,
+        usPerManifest: ((b.backends[key].open.median - a.backends[key].open.median) * 1000) / added,
+      });
     }
     growth[key] = {
       from: first?.running,
       to: last?.running,
-      ratio: first && last && last !== first ? last.backends[key].usPerManifest / first.backends[key].usPerManifest : NaN,
+      ratio:
+        first && last && last !== first ? last.backends[key].usPerManifest / first.backends[key].usPerManifest : NaN,
       marginal,
       stoppedAt: stopped[key] ?? null,
     };
@@ -260,7 +301,12 @@ function summarizeRun({ quick, params, sizes, budget, fs, base, holderBackend, p
       shownLimit: `<= ${OPEN_MAX_MS[key].toLocaleString('en-US')} ms`,
     };
     if (goal?.open && !goal.failed) {
-      targets.push({ ...t, value: goal.open.median, shown: `${fmtMs(goal.open.median)} ms`, met: goal.open.median <= OPEN_MAX_MS[key] });
+      targets.push({
+        ...t,
+        value: goal.open.median,
+        shown: `${fmtMs(goal.open.median)} ms`,
+        met: goal.open.median <= OPEN_MAX_MS[key],
+      });
     } else if (stopped[key]) {
       const timedOut = stopped[key].startsWith('timed out');
       const shown = timedOut ? `> ${Math.round(params.timeoutMs / 1000)} s` : 'failed';
@@ -363,14 +409,33 @@ export function report(results) {
   const lines = [
     `recover: Supervisor.open() with N running instances (bench/c/idle.c, launched by Supervisor.launch) + N/10 interrupted launches` +
       ` (starting manifests, process gone); state on ${params.stateDir.fs}; up to ${params.rounds} rounds${quick ? ' (quick)' : ''}`,
-    quick ? `  quick measures N = ${params.sizes.join(', ')}, not the full run's ${PARAMS.full.sizes.join(', ')}` : null,
-    params.limitedBy ? `  N limited to ${params.sizes.join(', ')} of ${params.sizesWanted.join(', ')} by ${params.limitedBy}` : null,
+    quick
+      ? `  quick measures N = ${params.sizes.join(', ')}, not the full run's ${PARAMS.full.sizes.join(', ')}`
+      : null,
+    params.limitedBy
+      ? `  N limited to ${params.sizes.join(', ')} of ${params.sizesWanted.join(', ')} by ${params.limitedBy}`
+      : null,
     `  per open(): scans = backend.listProcesses() calls (in scans: the ms they took), inspections = inspect/inspectPinned calls,` +
       ` fsyncs through node:fs; table = processes in /proc;`,
     `  one scan: custody's listProcesses() once, and C (bench/c/scan.c) stat+cmdline+owner / cmdline only, ms;` +
       ` open / C = open() over one C scan doing the same reads`,
     formatTable(
-      ['running', 'interrupted', 'backend', 'open() ms', 'min-max', 'us/manifest', 'scans', 'in scans ms', 'inspections', 'fsyncs', 'table', 'one scan', 'C scan', 'open / C'],
+      [
+        'running',
+        'interrupted',
+        'backend',
+        'open() ms',
+        'min-max',
+        'us/manifest',
+        'scans',
+        'in scans ms',
+        'inspections',
+        'fsyncs',
+        'table',
+        'one scan',
+        'C scan',
+        'open / C',
+      ],
       rows,
       { align: 'rrllrrrrrrrrrr' },
     ),
@@ -434,13 +499,17 @@ async function worker([stateDir, interruptedArg, runningArg]) {
   const custody = await import('../dist/index.js');
   const { StateStore } = await import('../dist/store.js');
   const actual = custody.capabilities().backend;
-  if (actual !== process.env.CUSTODY_BACKEND) throw new Error(`asked for the ${process.env.CUSTODY_BACKEND} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+  if (actual !== process.env.CUSTODY_BACKEND)
+    throw new Error(
+      `asked for the ${process.env.CUSTODY_BACKEND} backend, custody loaded ${actual}: ${custody.capabilities().reason}`,
+    );
   const profile = profileBackend(backend);
 
   // Untimed: the state the measurement starts from.
   const store = new StateStore(stateDir);
   const { running } = await keepOnlyRunning(store);
-  if (running !== expectRunning) throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
+  if (running !== expectRunning)
+    throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
   // Every manifest left is a running one.
   const template = store.read(store.ids()[0]);
   const gonePid = deadPid();
@@ -479,7 +548,12 @@ async function worker([stateDir, interruptedArg, runningArg]) {
   for (const i of supervisor.list()) statuses[i.status] = (statuses[i.status] ?? 0) + 1;
   await supervisor.close();
 
-  const counts = { adopted: rep.adopted.length, repaired: rep.repaired.length, cleaned: rep.cleaned.length, quarantined: rep.quarantined.length };
+  const counts = {
+    adopted: rep.adopted.length,
+    repaired: rep.repaired.length,
+    cleaned: rep.cleaned.length,
+    quarantined: rep.quarantined.length,
+  };
   let problem = null;
   if (counts.adopted !== expectRunning || counts.cleaned !== interrupted || counts.repaired || counts.quarantined) {
     const q = rep.quarantined.slice(0, 3).map((e) => `${e.id}: ${e.reason}${e.field ? ` (${e.field})` : ''}`);
@@ -489,7 +563,19 @@ async function worker([stateDir, interruptedArg, runningArg]) {
   const s0 = performance.now();
   const listed = (await backend.listProcesses()).length;
   const scanMs = performance.now() - s0;
-  const out = { backend: actual, openMs, counts, statuses, problem, calls, fsyncs: fsyncCount, events, firstEventMs: firstEvent === null ? null : firstEvent - t0, scanMs, listed };
+  const out = {
+    backend: actual,
+    openMs,
+    counts,
+    statuses,
+    problem,
+    calls,
+    fsyncs: fsyncCount,
+    events,
+    firstEventMs: firstEvent === null ? null : firstEvent - t0,
+    scanMs,
+    listed,
+  };
   process.stdout.write(`${JSON.stringify(out)}\n`, () => process.exit(0));
 }
 
@@ -533,7 +619,10 @@ async function holder([stateDir, idleBin, marker]) {
         reaped += await waitGone(batch, 20_000);
       }
       const leftover = childrenOf(process.pid).length;
-      process.stdout.write(`${JSON.stringify({ stopped: pids.length, reaped, leftover, stopMs: performance.now() - t0 })}\n`, () => process.exit(0));
+      process.stdout.write(
+        `${JSON.stringify({ stopped: pids.length, reaped, leftover, stopMs: performance.now() - t0 })}\n`,
+        () => process.exit(0),
+      );
       // Until the write's callback exits: nothing else runs.
       await new Promise(() => {});
     })());
@@ -550,7 +639,11 @@ async function holder([stateDir, idleBin, marker]) {
       const lane = async () => {
         while (started < n && !ending) {
           const id = `running-${started++}-${randomBytes(4).toString('hex')}`;
-          const inst = await supervisor.launch({ id, command: idleBin, args: (token) => [IDLE_SECONDS, marker, token] });
+          const inst = await supervisor.launch({
+            id,
+            command: idleBin,
+            args: (token) => [IDLE_SECONDS, marker, token],
+          });
           fresh.push(inst.pid);
         }
       };
@@ -604,7 +697,8 @@ function options(argv) {
   const arg = argv.find((a) => a.startsWith('--sizes='));
   if (!arg) return {};
   const sizes = arg.slice('--sizes='.length).split(',').map(Number);
-  if (!sizes.every((x) => Number.isSafeInteger(x) && x >= 10)) throw new Error('--sizes takes integers >= 10, comma-separated');
+  if (!sizes.every((x) => Number.isSafeInteger(x) && x >= 10))
+    throw new Error('--sizes takes integers >= 10, comma-separated');
   return { sizes: sizes.sort((a, b) => a - b) };
 }
 

@@ -39,7 +39,16 @@ import { readdirSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { buildC, formatRatio, formatTable, formatTargets, runAsScript, runJson, runWorker, summarize } from './lib.js';
-import { childrenOf, cpuTicks, newMarker, noiseLine, otherCpuShare, processBudget, startHolder, sweepMarker } from './procs.js';
+import {
+  childrenOf,
+  cpuTicks,
+  newMarker,
+  noiseLine,
+  otherCpuShare,
+  processBudget,
+  startHolder,
+  sweepMarker,
+} from './procs.js';
 
 export const name = 'scan';
 
@@ -72,9 +81,19 @@ const VARIANTS = [
   { key: 'c-owner', kind: 'c', mode: 'stat-cmdline-owner', label: 'C: stat+cmdline+owner (listProcesses work)' },
   { key: 'c-status', kind: 'c', mode: 'stat-cmdline-status', label: 'C: stat+cmdline+status' },
   { key: 'c', kind: 'c', mode: 'stat-cmdline', label: 'C: stat+cmdline' },
-  { key: 'native-sweep', kind: 'node', label: 'custody native sweep (dry run, no match)', env: { CUSTODY_BACKEND: 'native' } },
+  {
+    key: 'native-sweep',
+    kind: 'node',
+    label: 'custody native sweep (dry run, no match)',
+    env: { CUSTODY_BACKEND: 'native' },
+  },
   { key: 'js-sweep', kind: 'node', label: 'custody js sweep (dry run, no match)', env: { CUSTODY_BACKEND: 'js' } },
-  { key: 'native', kind: 'node', label: 'custody native listProcesses (full scan)', env: { CUSTODY_BACKEND: 'native' } },
+  {
+    key: 'native',
+    kind: 'node',
+    label: 'custody native listProcesses (full scan)',
+    env: { CUSTODY_BACKEND: 'native' },
+  },
   { key: 'js', kind: 'node', label: 'custody js listProcesses (full scan)', env: { CUSTODY_BACKEND: 'js' } },
   { key: 'ps-list', kind: 'node', label: 'ps-list 9 (psList())', env: {} },
   { key: 'pgrep', kind: 'node', label: 'pgrep -f -x (procps), spawned', env: {} },
@@ -86,7 +105,11 @@ const VARIANTS = [
  * resolves with what it reported.
  */
 async function startIdle(idleBin, marker, count) {
-  const holder = startHolder(process.execPath, [fileURLToPath(import.meta.url), '--holder', idleBin, marker, String(count)], { what: 'idle holder' });
+  const holder = startHolder(
+    process.execPath,
+    [fileURLToPath(import.meta.url), '--holder', idleBin, marker, String(count)],
+    { what: 'idle holder' },
+  );
   const stop = async () => {
     const { status, messages } = await holder.stop();
     if (status.code !== 0) throw new Error(`idle holder ended ${JSON.stringify(status)}`);
@@ -155,11 +178,15 @@ export async function run({ quick = false } = {}) {
   // Every variant must have found every idle process by its exact argv.
   for (const v of VARIANTS) {
     if (raw[v.key] && raw[v.key].marked !== budget.count) {
-      throw new Error(`scan: ${v.label} found ${raw[v.key].marked} of the ${budget.count} idle processes by their argv`);
+      throw new Error(
+        `scan: ${v.label} found ${raw[v.key].marked} of the ${budget.count} idle processes by their argv`,
+      );
     }
   }
   if (holderReport.reaped !== budget.count || holderReport.odd !== 0 || holderReport.leftover !== 0) {
-    throw new Error(`scan: the holder reaped ${holderReport.reaped} of ${budget.count} idle processes: ${JSON.stringify(holderReport)}`);
+    throw new Error(
+      `scan: the holder reaped ${holderReport.reaped} of ${budget.count} idle processes: ${JSON.stringify(holderReport)}`,
+    );
   }
 
   const variants = {};
@@ -270,8 +297,19 @@ export function report(results) {
       notes.push(`  ${v.label}: skipped, ${v.skipped}`);
       continue;
     }
-    const listed = v.listed.min === v.listed.max ? n(v.listed.median) : `${n(v.listed.median)} (${n(v.listed.min)}-${n(v.listed.max)})`;
-    rows.push([v.label, fmtMs(v.median), fmtMs(v.min), fmtMs(v.max), listed, v.usPerProcess.median.toFixed(1), formatRatio(v.usPerProcess.median / cs)]);
+    const listed =
+      v.listed.min === v.listed.max
+        ? n(v.listed.median)
+        : `${n(v.listed.median)} (${n(v.listed.min)}-${n(v.listed.max)})`;
+    rows.push([
+      v.label,
+      fmtMs(v.median),
+      fmtMs(v.min),
+      fmtMs(v.max),
+      listed,
+      v.usPerProcess.median.toFixed(1),
+      formatRatio(v.usPerProcess.median / cs),
+    ]);
   }
   const matchAll = ['native-sweep', 'js-sweep']
     .filter((k) => variants[k].matchAllMs)
@@ -280,7 +318,9 @@ export function report(results) {
     `scan: the process-table scans of a sweep and of a recovery, ${n(params.idle)} idle processes alive (${params.idleProgram});` +
       ` ${params.rounds} rounds after ${params.warmup} warm-up; ms per scan${quick ? ' (quick)' : ''}`,
     quick ? `  quick holds ${n(params.idle)} idle processes, not the full run's ${n(PARAMS.full.idle)}` : null,
-    params.idleLimitedBy ? `  idle processes limited to ${n(params.idle)} of ${n(params.idleWanted)} by ${params.idleLimitedBy}` : null,
+    params.idleLimitedBy
+      ? `  idle processes limited to ${n(params.idle)} of ${n(params.idleWanted)} by ${params.idleLimitedBy}`
+      : null,
     `  "listed": processes per scan, median (the machine's whole table, not only the idle ones);` +
       ` ratios compare us per listed process, median of rounds`,
     formatTable(['variant', 'median', 'min', 'max', 'listed', 'us/process', 'vs C cmdline'], rows),
@@ -323,22 +363,28 @@ async function makeScan(variant, idleArgv) {
     // module recovery uses, and its listProcesses() as recovery calls it.
     const { backend, capabilities } = await import('../dist/backend/index.js');
     const caps = capabilities();
-    if (caps.backend !== variant) throw new Error(`asked for the ${variant} backend, custody loaded ${caps.backend}: ${caps.reason}`);
+    if (caps.backend !== variant)
+      throw new Error(`asked for the ${variant} backend, custody loaded ${caps.backend}: ${caps.reason}`);
     let list = [];
     return {
       scan: async () => (list = await backend.listProcesses()).length,
-      marked: async () => ({ count: list.filter((p) => p.argv.length === idleArgv.length && p.argv.every((a, i) => a === idleArgv[i])).length }),
+      marked: async () => ({
+        count: list.filter((p) => p.argv.length === idleArgv.length && p.argv.every((a, i) => a === idleArgv[i]))
+          .length,
+      }),
     };
   }
   if (variant === 'native-sweep' || variant === 'js-sweep') {
     const backendName = variant.slice(0, -'-sweep'.length);
     const { capabilities, sweep } = await import('../dist/index.js');
     const caps = capabilities();
-    if (caps.backend !== backendName) throw new Error(`asked for the ${backendName} backend, custody loaded ${caps.backend}: ${caps.reason}`);
+    if (caps.backend !== backendName)
+      throw new Error(`asked for the ${backendName} backend, custody loaded ${caps.backend}: ${caps.reason}`);
     return {
       scan: async () => {
         const r = await sweep({ argv: noMatch, dryRun: true });
-        if (r.matched.length !== 0) throw new Error(`a sweep for ${JSON.stringify(noMatch)} matched ${r.matched.length} processes`);
+        if (r.matched.length !== 0)
+          throw new Error(`a sweep for ${JSON.stringify(noMatch)} matched ${r.matched.length} processes`);
         return null;
       },
       marked: async () => {
@@ -361,7 +407,8 @@ async function makeScan(variant, idleArgv) {
     // One pid per line; exit 1 means nothing matched.
     const pgrep = (argv) => {
       const r = spawnSync('pgrep', ['-f', '-x', pgrepPattern(argv)], { encoding: 'utf8', maxBuffer: 16 << 20 });
-      if (r.error || (r.status !== 0 && r.status !== 1)) throw new Error(`pgrep failed: ${r.error?.message ?? `exit ${r.status}: ${r.stderr}`}`);
+      if (r.error || (r.status !== 0 && r.status !== 1))
+        throw new Error(`pgrep failed: ${r.error?.message ?? `exit ${r.status}: ${r.stderr}`}`);
       return r.stdout.split('\n').filter((l) => l !== '').length;
     };
     return {
@@ -457,12 +504,15 @@ async function holder([idleBin, marker, countArg]) {
   // the load average for a minute, as if the machine had been busy.
   const st = [];
   for (let i = 0; i < children.length; i += KILL_BATCH) {
-    for (const c of children.slice(i, i + KILL_BATCH)) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+    for (const c of children.slice(i, i + KILL_BATCH))
+      if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
     st.push(...(await Promise.all(ended.slice(i, i + KILL_BATCH))));
   }
   const stopMs = performance.now() - t1;
   const odd = st.filter((s) => s.signal !== 'SIGKILL').length;
-  process.stdout.write(`${JSON.stringify({ stopped: children.length, reaped: st.length, odd, stopMs, leftover: childrenOf(process.pid).length })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ stopped: children.length, reaped: st.length, odd, stopMs, leftover: childrenOf(process.pid).length })}\n`,
+  );
   process.exit(0);
 }
 

@@ -150,7 +150,16 @@ export async function run({ quick = false } = {}) {
     for (const big of [false, true]) {
       const res = await runJson(
         bun.path,
-        [fileURLToPath(import.meta.url), '--worker', BUN_VARIANT.key, big ? bigHeapMiB : 0, roundMs, rounds, warmupMs, ...MODES.map((m) => m.concurrency)].map(String),
+        [
+          fileURLToPath(import.meta.url),
+          '--worker',
+          BUN_VARIANT.key,
+          big ? bigHeapMiB : 0,
+          roundMs,
+          rounds,
+          warmupMs,
+          ...MODES.map((m) => m.concurrency),
+        ].map(String),
         { env: bunEnv(), timeoutMs },
       );
       for (const m of MODES) {
@@ -200,7 +209,12 @@ export async function run({ quick = false } = {}) {
     ratios[mode] = r;
     const heapName = formatMiB(bigHeapMiB);
     targets.push(
-      target(`nativeOverChildProcess.${mode}`, `native / child_process, ${label}`, r.nativeOverChildProcess, NATIVE_OVER_CHILD_PROCESS_MIN),
+      target(
+        `nativeOverChildProcess.${mode}`,
+        `native / child_process, ${label}`,
+        r.nativeOverChildProcess,
+        NATIVE_OVER_CHILD_PROCESS_MIN,
+      ),
       target(`nativeOverCLimit.${mode}`, `native / C limit, ${label}`, r.nativeOverCLimit, NATIVE_OVER_C_MIN),
       target(
         `nativeBigOverSmall.${mode}`,
@@ -256,11 +270,22 @@ function formatRate(x) {
  */
 function cpuTicks() {
   try {
-    const [, user, nice, system, , , irq, softirq, steal] = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number);
+    const [, user, nice, system, , , irq, softirq, steal] = readFileSync('/proc/stat', 'utf8')
+      .split('\n')[0]
+      .trim()
+      .split(/\s+/)
+      .map(Number);
     const self = readFileSync('/proc/self/stat', 'utf8');
     // utime, stime, cutime, cstime are fields 14-17; fields resume after the last ')' at field 3.
-    const f = self.slice(self.lastIndexOf(')') + 2).split(' ').map(Number);
-    return { ms: performance.now(), machine: user + nice + system + irq + softirq + steal, ours: f[11] + f[12] + f[13] + f[14] };
+    const f = self
+      .slice(self.lastIndexOf(')') + 2)
+      .split(' ')
+      .map(Number);
+    return {
+      ms: performance.now(),
+      machine: user + nice + system + irq + softirq + steal,
+      ours: f[11] + f[12] + f[13] + f[14],
+    };
   } catch {
     return null;
   }
@@ -300,7 +325,8 @@ function childrenOf(pid) {
 
 /** The results as a printable table. */
 export function report(results) {
-  const { params, variants, labels, rssMiB, cLimit, targets, quick, leftoverProcesses, loadavg, otherCpu, bun } = results;
+  const { params, variants, labels, rssMiB, cLimit, targets, quick, leftoverProcesses, loadavg, otherCpu, bun } =
+    results;
   const bigName = formatMiB(params.bigHeapMiB);
   const rows = [];
   const order = ['c-vfork', 'c-clone3', 'c-fork', ...NODE_VARIANTS.map((v) => v.key), BUN_VARIANT.key];
@@ -329,7 +355,9 @@ export function report(results) {
       `${quick ? ' (quick)' : ''}`,
     `  big heap: ${bigName} of Buffers, every page written${quick ? ' (quick mode; a full run uses 2 GiB)' : ''};` +
       ` rss: the measured process's resident MiB`,
-    formatTable(['variant', 'mode', 'heap', 'rss MiB', 'median', 'min', 'max', 'vs C limit'], rows, { align: 'lllrrrrr' }),
+    formatTable(['variant', 'mode', 'heap', 'rss MiB', 'median', 'min', 'max', 'vs C limit'], rows, {
+      align: 'lllrrrrr',
+    }),
     '',
     `  C limit: ${MODES.map((m) => `${m.label} ${formatRate(cLimit[m.key].rate)}/s (${labels[cLimit[m.key].variant]})`).join(', ')}`,
     bun.skipped
@@ -365,7 +393,8 @@ async function makeSpawner(variant) {
     // Imported only here, after the parent set CUSTODY_BACKEND.
     const custody = await import('../dist/index.js');
     const actual = custody.capabilities().backend;
-    if (actual !== variant) throw new Error(`asked for the ${variant} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
+    if (actual !== variant)
+      throw new Error(`asked for the ${variant} backend, custody loaded ${actual}: ${custody.capabilities().reason}`);
     return async () => {
       const h = custody.spawn(COMMAND, [], { stdio: 'ignore' });
       const s = await h.exited;

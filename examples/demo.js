@@ -37,10 +37,16 @@ const { supervisor, report } = await Supervisor.open({
   stateDir,
   onEvent: (e) => {
     events.push(e);
-    say(clip(`     event ${e.type.padEnd(8)} id=${e.id ?? '-'}${e.pid ? ` pid=${e.pid}` : ''}${e.message ? `  ${e.message}` : ''}`));
+    say(
+      clip(
+        `     event ${e.type.padEnd(8)} id=${e.id ?? '-'}${e.pid ? ` pid=${e.pid}` : ''}${e.message ? `  ${e.message}` : ''}`,
+      ),
+    );
   },
 });
-const counts = Object.entries(report).map(([k, v]) => `${k} ${v.length}`).join(', ');
+const counts = Object.entries(report)
+  .map(([k, v]) => `${k} ${v.length}`)
+  .join(', ');
 say(`1. Supervisor.open() created $DEMO/state, took its lock and recovered the manifests there: ${counts}.`);
 
 /** A launch spec for a fake VM started through launcher.sh, which reports the pid in a pidfile. */
@@ -50,7 +56,19 @@ function vmSpec(id, extraArgs = []) {
   return {
     id,
     command: '/bin/sh',
-    args: (token) => [LAUNCHER, pidfile, PYTHON, FAKE_VM, '--name', id, '--custody-token', token, '--control', socket, ...extraArgs],
+    args: (token) => [
+      LAUNCHER,
+      pidfile,
+      PYTHON,
+      FAKE_VM,
+      '--name',
+      id,
+      '--custody-token',
+      token,
+      '--control',
+      socket,
+      ...extraArgs,
+    ],
     executable: PYTHON, // the pid only counts once it runs this program...
     expect: [FAKE_VM, socket], // ...with these argv elements (besides the token)
     pid: { file: pidfile },
@@ -95,13 +113,17 @@ async function firstLookAt(pidfile) {
 }
 
 const leftovers = (id) =>
-  [join(DEMO, `${id}.sock`), join(DEMO, `${id}.pid`), join(stateDir, id)].filter((p) => existsSync(p)).map((p) => p.replaceAll(DEMO, '$DEMO'));
+  [join(DEMO, `${id}.sock`), join(DEMO, `${id}.pid`), join(stateDir, id)]
+    .filter((p) => existsSync(p))
+    .map((p) => p.replaceAll(DEMO, '$DEMO'));
 
 let exitCode = 0;
 try {
   // -------------------------------------------------------------------------
   say();
-  say('2. launch("vm1") through launcher.sh: it writes a fork\'s pid to a pidfile at once; the fork execs python 0.3 s later.');
+  say(
+    '2. launch("vm1") through launcher.sh: it writes a fork\'s pid to a pidfile at once; the fork execs python 0.3 s later.',
+  );
   const spec1 = vmSpec('vm1');
   const peek = firstLookAt(spec1.pid.file);
   const vm1 = await supervisor.launch(spec1);
@@ -110,14 +132,24 @@ try {
   const confirmedAt = events.find((e) => e.type === 'confirm' && e.id === 'vm1').time;
   const id1 = vm1.identity;
   const pre = early?.identity;
-  say(`   The launcher (pid ${launcherPid}) reported pid ${early?.pid} while it was still the fork: exe ${early?.exe}, argv "${pre?.argv.slice(0, 2).join(' ')} …",`);
-  say('   an argv that already carries the token and the VM\'s arguments. So custody also requires /proc/<pid>/exe to be `executable`:');
-  say(`   it confirmed pid ${vm1.pid} ${confirmedAt - early?.at} ms after the pidfile appeared, recorded the identity from that inspection, then waited for the socket.`);
-  say(`   identity: pid=${id1.pid} startTicks=${id1.startTicks} pidfsId=${id1.pidfsId} exe(dev:ino)=${id1.exe ? `${id1.exe.dev}:${id1.exe.ino}` : null} uid=${id1.uid} ppid=${id1.ppid}`);
+  say(
+    `   The launcher (pid ${launcherPid}) reported pid ${early?.pid} while it was still the fork: exe ${early?.exe}, argv "${pre?.argv.slice(0, 2).join(' ')} …",`,
+  );
+  say(
+    "   an argv that already carries the token and the VM's arguments. So custody also requires /proc/<pid>/exe to be `executable`:",
+  );
+  say(
+    `   it confirmed pid ${vm1.pid} ${confirmedAt - early?.at} ms after the pidfile appeared, recorded the identity from that inspection, then waited for the socket.`,
+  );
+  say(
+    `   identity: pid=${id1.pid} startTicks=${id1.startTicks} pidfsId=${id1.pidfsId} exe(dev:ino)=${id1.exe ? `${id1.exe.dev}:${id1.exe.ino}` : null} uid=${id1.uid} ppid=${id1.ppid}`,
+  );
   say(`   argv: ${id1.argv.join(' ')}`);
   if (pre && pre.startTicks === id1.startTicks && pre.pidfsId === id1.pidfsId) {
     const same = pre.pidfsId ? `pid, startTicks and pidfsId` : `pid and startTicks`;
-    say(`   exec kept the fork's ${same} and changed only exe and argv: an identity taken at report time would describe the shell.`);
+    say(
+      `   exec kept the fork's ${same} and changed only exe and argv: an identity taken at report time would describe the shell.`,
+    );
   }
   const manifest = JSON.parse(readFileSync(join(stateDir, 'vm1', 'manifest.json'), 'utf8'));
   say(`   manifest $DEMO/state/vm1/manifest.json: state=${manifest.state}, identity.pid=${manifest.identity.pid}`);
@@ -148,10 +180,14 @@ try {
   });
   say(`   result: ${JSON.stringify(r1)}`);
   if (r1.code === null && r1.signal === null) {
-    say('   (code and signal are null: the VM is not custody\'s child, and its status comes only with its parent\'s reaping;');
+    say(
+      "   (code and signal are null: the VM is not custody's child, and its status comes only with its parent's reaping;",
+    );
     say('   stop returns once the process is gone instead of waiting for that)');
   }
-  say('   The VM had exited on its own request before the hook returned, so custody had nothing left to signal (escalated=false);');
+  say(
+    '   The VM had exited on its own request before the hook returned, so custody had nothing left to signal (escalated=false);',
+  );
   say(`   it then removed the declared paths and the state. Left over: [${leftovers('vm1').join(', ')}]`);
 
   // -------------------------------------------------------------------------
@@ -162,18 +198,33 @@ try {
   const t2 = Date.now();
   const r2 = await supervisor.stop('vm2', { graceMs: 500 });
   say(`   result after ${Date.now() - t2} ms: ${JSON.stringify(r2)}`);
-  const via = c.pidfd ? 'through the pidfd opened when its identity was proven' : 'after re-checking its start time (no pidfd on this backend)';
+  const via = c.pidfd
+    ? 'through the pidfd opened when its identity was proven'
+    : 'after re-checking its start time (no pidfd on this backend)';
   say(`   SIGTERM was ignored, so after 500 ms custody said so (escalate event) and sent SIGKILL ${via}.`);
 
   // -------------------------------------------------------------------------
   say();
-  say('6. launch("vm3"), python spawned directly this time (pid: \'child\'), whose VM fails before opening its socket.');
+  say(
+    '6. launch("vm3"), python spawned directly this time (pid: \'child\'), whose VM fails before opening its socket.',
+  );
   const socket3 = join(DEMO, 'vm3.sock');
   const spec3 = {
     id: 'vm3',
     command: PYTHON,
-    args: (token) => [FAKE_VM, '--name', 'vm3', '--custody-token', token, '--control', socket3,
-      '--boot-delay', '0.2', '--fail', 'cannot open disk image /var/lib/demo/vm3.img: No such file or directory'],
+    args: (token) => [
+      FAKE_VM,
+      '--name',
+      'vm3',
+      '--custody-token',
+      token,
+      '--control',
+      socket3,
+      '--boot-delay',
+      '0.2',
+      '--fail',
+      'cannot open disk image /var/lib/demo/vm3.img: No such file or directory',
+    ],
     ready: { socket: socket3, timeoutMs: 5000 },
     stderr: { file: join(DEMO, 'vm3.log') },
   };
@@ -185,10 +236,14 @@ try {
     if (err.code !== 'ERR_CUSTODY_LAUNCH_EXITED') throw err;
     say(`   rejected after ${Date.now() - t3} ms (not the 5 s ready timeout): ${err.name} ${err.code}`);
     say(`   message: ${err.message}`);
-    say(`   err.exitCode=${err.exitCode} err.signal=${err.signal} err.pid=${err.pid}; err.stderrTail holds the stderr the message quotes.`);
+    say(
+      `   err.exitCode=${err.exitCode} err.signal=${err.signal} err.pid=${err.pid}; err.stderrTail holds the stderr the message quotes.`,
+    );
   }
   const stray = readdirSync('/proc').filter((p) => /^\d+$/.test(p) && cmdline(p).includes(socket3));
-  say(`   Abandoned cleanly: list()=${JSON.stringify(supervisor.list())}, leftover paths=[${leftovers('vm3').join(', ')}], processes of vm3=[${stray.join(', ')}]`);
+  say(
+    `   Abandoned cleanly: list()=${JSON.stringify(supervisor.list())}, leftover paths=[${leftovers('vm3').join(', ')}], processes of vm3=[${stray.join(', ')}]`,
+  );
 } catch (err) {
   exitCode = 1;
   say(`demo failed: ${err?.stack ?? err}`);
@@ -199,7 +254,9 @@ try {
 
 // ---------------------------------------------------------------------------
 say();
-say('7. close(): releases the lock and pidfds (processes still running would be left running for a later Supervisor to adopt).');
+say(
+  '7. close(): releases the lock and pidfds (processes still running would be left running for a later Supervisor to adopt).',
+);
 await supervisor.close();
 // The launchers end right after their VMs; give them a moment, then look for anything of ours.
 let mine = [];

@@ -27,7 +27,10 @@ if (args.includes('--all')) for (const t of ALL) required.add(t);
 const maxGlibc = args.find((a) => a.startsWith('--max-glibc='))?.slice('--max-glibc='.length) ?? null;
 const json = args.includes('--json');
 const fresh = args.includes('--fresh');
-const sources = [path.join(root, 'binding.gyp'), ...readdirSync(path.join(root, 'native')).map((f) => path.join(root, 'native', f))];
+const sources = [
+  path.join(root, 'binding.gyp'),
+  ...readdirSync(path.join(root, 'native')).map((f) => path.join(root, 'native', f)),
+];
 const newestSource = sources.reduce((a, f) => (statSync(f).mtimeMs > statSync(a).mtimeMs ? f : a));
 
 function cmpVersion(a, b) {
@@ -97,8 +100,10 @@ if (existsSync(dir)) {
       const linksGlibc = row.needed.includes('libc.so.6');
       const linksMusl = row.needed.some((n) => /^libc\.musl-.*\.so\.1$/.test(n) || n === 'libc.so');
       if (!libc) problems.push(`${row.file}: no libc tag (build with prebuildify --tag-libc)`);
-      else if (libc === 'glibc' && !linksGlibc) problems.push(`${row.file}: tagged glibc but links ${row.needed.join(', ')}`);
-      else if (libc === 'musl' && !linksMusl) problems.push(`${row.file}: tagged musl but links ${row.needed.join(', ')}`);
+      else if (libc === 'glibc' && !linksGlibc)
+        problems.push(`${row.file}: tagged glibc but links ${row.needed.join(', ')}`);
+      else if (libc === 'musl' && !linksMusl)
+        problems.push(`${row.file}: tagged musl but links ${row.needed.join(', ')}`);
       Object.assign(row, floors(file));
       if (libc === 'glibc' && maxGlibc && row.GLIBC && cmpVersion(row.GLIBC, maxGlibc) > 0) {
         problems.push(`${row.file}: needs glibc ${row.GLIBC}, above the allowed floor ${maxGlibc}`);

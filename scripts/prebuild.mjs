@@ -100,7 +100,11 @@ function upToDate() {
     encoding: 'utf8',
   });
   if (r.error || r.stdout === '') throw new Error(`check-prebuilds failed: ${r.error?.message ?? r.stderr}`);
-  return new Set(JSON.parse(r.stdout).prebuilds.filter((p) => !p.stale).map((p) => p.target));
+  return new Set(
+    JSON.parse(r.stdout)
+      .prebuilds.filter((p) => !p.stale)
+      .map((p) => p.target),
+  );
 }
 
 const built = [];
@@ -152,10 +156,14 @@ for (const target of targets) {
 }
 
 if (built.length) {
-  const check = spawnSync(process.execPath, [path.join(root, 'scripts', 'check-prebuilds.mjs'), ...built.map((t) => `--require=${t}`)], {
-    cwd: root,
-    stdio: 'inherit',
-  });
+  const check = spawnSync(
+    process.execPath,
+    [path.join(root, 'scripts', 'check-prebuilds.mjs'), ...built.map((t) => `--require=${t}`)],
+    {
+      cwd: root,
+      stdio: 'inherit',
+    },
+  );
   if (check.status !== 0) process.exit(check.status ?? 1);
 }
 for (const s of skipped) console.warn(`prebuild: skipped ${s}`);

@@ -94,8 +94,25 @@ try {
       if (info && info.code !== undefined && info.pid !== child.pid) throw new Error(`waitid: ${JSON.stringify(info)}`);
       call('close', () => addon.close(child.pidfd));
     }
-    call('spawn(ENOENT)', () => addon.spawn(join(dir, 'missing'), ['x'], [], { stdio: [0, 1, 2], newSession: false, newGroup: false, copyFdTable: true }), ['ENOENT']);
-    const idle = call('spawn(sleep)', () => addon.spawn('/bin/sleep', ['sleep', '30'], [], { stdio: [0, 1, 2], newSession: false, newGroup: false, copyFdTable: true }));
+    call(
+      'spawn(ENOENT)',
+      () =>
+        addon.spawn(join(dir, 'missing'), ['x'], [], {
+          stdio: [0, 1, 2],
+          newSession: false,
+          newGroup: false,
+          copyFdTable: true,
+        }),
+      ['ENOENT'],
+    );
+    const idle = call('spawn(sleep)', () =>
+      addon.spawn('/bin/sleep', ['sleep', '30'], [], {
+        stdio: [0, 1, 2],
+        newSession: false,
+        newGroup: false,
+        copyFdTable: true,
+      }),
+    );
     if (idle) {
       const id = call('watch', () => addon.watch(idle.pidfd, () => {}));
       if (id !== undefined) {

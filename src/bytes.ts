@@ -78,7 +78,8 @@ export function hasEscapedBytes(s: string): boolean {
 /** custody's string form back to its bytes (the inverse of decodeArg). Throws RangeError for a string that is not one. */
 export function encodeArg(s: string): Buffer {
   // Checked first: Buffer.from would quietly turn a stray surrogate into U+FFFD, another byte string.
-  if (!isByteString(s)) throw new RangeError('not the lossless form of a byte string (a lone surrogate outside U+DC80-U+DCFF)');
+  if (!isByteString(s))
+    throw new RangeError('not the lossless form of a byte string (a lone surrogate outside U+DC80-U+DCFF)');
   if (!hasEscapedBytes(s)) return Buffer.from(s, 'utf8');
   const parts: Buffer[] = [];
   let run = '';

@@ -58,7 +58,10 @@ export class UnsupportedError extends CustodyError {
 export class IdentityUnrecordedError extends CustodyError {
   readonly field: string;
   constructor(pid: number, field: string) {
-    super('ERR_CUSTODY_IDENTITY_UNRECORDED', `pid ${pid}: the recorded identity has no ${field}; ownership cannot be proven`);
+    super(
+      'ERR_CUSTODY_IDENTITY_UNRECORDED',
+      `pid ${pid}: the recorded identity has no ${field}; ownership cannot be proven`,
+    );
     this.field = field;
   }
 }
@@ -101,7 +104,10 @@ export class ConfirmTimeoutError extends CustodyError {
   readonly id: string;
   readonly pid: number | undefined;
   constructor(id: string, pid: number | undefined, timeoutMs: number, detail: string) {
-    super('ERR_CUSTODY_CONFIRM_TIMEOUT', `launch of ${id}: pid ${pid ?? '?'} did not exec into the expected argv within ${timeoutMs} ms (${detail})`);
+    super(
+      'ERR_CUSTODY_CONFIRM_TIMEOUT',
+      `launch of ${id}: pid ${pid ?? '?'} did not exec into the expected argv within ${timeoutMs} ms (${detail})`,
+    );
     this.id = id;
     this.pid = pid;
   }
@@ -119,7 +125,10 @@ export class QuarantinedError extends CustodyError {
   readonly id: string;
   readonly reason: string | undefined;
   constructor(id: string, reason?: string) {
-    super('ERR_CUSTODY_QUARANTINED', `instance ${id} is quarantined${reason ? ` (${reason})` : ''}; release() it first`);
+    super(
+      'ERR_CUSTODY_QUARANTINED',
+      `instance ${id} is quarantined${reason ? ` (${reason})` : ''}; release() it first`,
+    );
     this.id = id;
     this.reason = reason;
   }
@@ -184,7 +193,10 @@ export class BadManifestError extends CustodyError {
 export class StopTimeoutError extends CustodyError {
   readonly pid: number;
   constructor(pid: number, waitedMs: number) {
-    super('ERR_CUSTODY_STOP_TIMEOUT', `pid ${pid} did not exit within ${waitedMs} ms of SIGKILL (uninterruptible sleep?)`);
+    super(
+      'ERR_CUSTODY_STOP_TIMEOUT',
+      `pid ${pid} did not exit within ${waitedMs} ms of SIGKILL (uninterruptible sleep?)`,
+    );
     this.pid = pid;
   }
 }
@@ -236,7 +248,11 @@ export class NotOursError extends CustodyError {
 export class DeferredError extends CustodyError {
   readonly id: string;
   constructor(id: string, cause?: unknown) {
-    super('ERR_CUSTODY_DEFERRED', `instance ${id} is deferred: recovery could not decide it yet; call recover() again`, { cause });
+    super(
+      'ERR_CUSTODY_DEFERRED',
+      `instance ${id} is deferred: recovery could not decide it yet; call recover() again`,
+      { cause },
+    );
     this.id = id;
   }
 }

@@ -47,7 +47,9 @@ export type EventSink = (event: CustodyEvent) => unknown;
 
 const channels = new Map<string, ReturnType<typeof channel>>();
 
-export function emitter(sink: EventSink | undefined): (type: CustodyEventType, fields?: Omit<CustodyEvent, 'type' | 'time'>) => void {
+export function emitter(
+  sink: EventSink | undefined,
+): (type: CustodyEventType, fields?: Omit<CustodyEvent, 'type' | 'time'>) => void {
   return (type, fields = {}) => {
     const event: CustodyEvent = { type, time: Date.now(), ...fields };
     let ch = channels.get(type);
@@ -64,7 +66,9 @@ export function emitter(sink: EventSink | undefined): (type: CustodyEventType, f
       return;
     }
     if (type === 'warning' || type === 'escalate' || type === 'quarantine') {
-      process.emitWarning(`custody: ${event.message ?? type}${event.id ? ` (${event.id})` : ''}`, { code: `CUSTODY_${type.toUpperCase()}` });
+      process.emitWarning(`custody: ${event.message ?? type}${event.id ? ` (${event.id})` : ''}`, {
+        code: `CUSTODY_${type.toUpperCase()}`,
+      });
     }
   };
 }

@@ -7,7 +7,13 @@ import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef, StdioTarget } from './backend/types.js';
-import { BadCgroupError, IdentityMismatchError, IdentityUnrecordedError, InvalidArgError, UnsupportedError } from './errors.js';
+import {
+  BadCgroupError,
+  IdentityMismatchError,
+  IdentityUnrecordedError,
+  InvalidArgError,
+  UnsupportedError,
+} from './errors.js';
 import { toIdentity, verify } from './identity.js';
 import { openAppend } from './logs.js';
 import { signalNumber } from './signals.js';
@@ -28,7 +34,13 @@ export class ProcessHandle {
   /** @internal */
   constructor(
     ref: PidRef,
-    init: { identity: ProcessIdentity | null; spawned: boolean; stdin?: Writable | null; stdout?: Readable | null; stderr?: Readable | null },
+    init: {
+      identity: ProcessIdentity | null;
+      spawned: boolean;
+      stdin?: Writable | null;
+      stdout?: Readable | null;
+      stderr?: Readable | null;
+    },
   ) {
     this.#ref = ref;
     this.pid = ref.pid;
@@ -143,7 +155,12 @@ export interface SpawnOptions {
 /** PATH search, done here so both backends fail the same way (ENOENT, EACCES) before any process exists. */
 export function resolveExecutable(command: string, env: Record<string, string | undefined>, cwd?: string): string {
   const errno = (code: string, p: string) =>
-    Object.assign(new Error(`spawn ${p} ${code}`), { code, errno: code === 'ENOENT' ? -2 : -13, syscall: 'spawn', path: p });
+    Object.assign(new Error(`spawn ${p} ${code}`), {
+      code,
+      errno: code === 'ENOENT' ? -2 : -13,
+      syscall: 'spawn',
+      path: p,
+    });
   const check = (p: string): string | 'ENOENT' | 'EACCES' => {
     try {
       const st = statSync(p);
@@ -172,7 +189,8 @@ export function resolveExecutable(command: string, env: Record<string, string | 
 
 /** Turns spawn options into backend stdio targets; opens `{ file }` targets (the caller closes them). */
 export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [StdioTarget, StdioTarget, StdioTarget] {
-  const list = stdio === undefined ? ['ignore', 'ignore', 'ignore'] : Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
+  const list =
+    stdio === undefined ? ['ignore', 'ignore', 'ignore'] : Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
   if (list.length !== 3) throw new InvalidArgError('stdio must be one value or three');
   return list.map((s, i): StdioTarget => {
     if (s === 'ignore' || s === 'inherit' || s === 'pipe') return s;
@@ -190,13 +208,14 @@ export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [S
   }) as [StdioTarget, StdioTarget, StdioTarget];
 }
 
-
 /** A spawn that failed to enter its cgroup (opening or writing cgroup.procs) says so; any other failure is its own. */
 function placementError(cgroup: string, err: unknown): unknown {
   const e = err as NodeJS.ErrnoException;
   const procs = path.join(cgroup, 'cgroup.procs');
   if (e?.syscall === 'write' || (e?.syscall === 'open' && e.path === procs)) {
-    return new BadCgroupError(cgroup, `the child could not enter it (${e.syscall} ${e.code}); nothing was run`, { cause: err });
+    return new BadCgroupError(cgroup, `the child could not enter it (${e.syscall} ${e.code}); nothing was run`, {
+      cause: err,
+    });
   }
   return err;
 }
@@ -252,7 +271,10 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
     if (typeof options.cgroup !== 'string' || !path.isAbsolute(options.cgroup) || options.cgroup.includes('\0')) {
       throw new InvalidArgError('cgroup must be an absolute path without NUL bytes');
     }
-    if (!backend.cgroupPlacement) throw new UnsupportedError(`cannot place a child in a cgroup: ${backend.cgroupPlacementReason ?? 'this backend cannot'}`);
+    if (!backend.cgroupPlacement)
+      throw new UnsupportedError(
+        `cannot place a child in a cgroup: ${backend.cgroupPlacementReason ?? 'this backend cannot'}`,
+      );
   }
   const env = options.env ?? process.env;
   // Without options.env the native child takes our environ as it is: copying
@@ -261,7 +283,9 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
   // With a path, the native spawn's execve reports ENOENT and EACCES itself,
   // synchronously; the js backend learns them only after the fact.
   const file =
-    command.includes('/') && backend.name === 'native' ? path.resolve(options.cwd ?? '', command) : resolveExecutable(command, env, options.cwd);
+    command.includes('/') && backend.name === 'native'
+      ? path.resolve(options.cwd ?? '', command)
+      : resolveExecutable(command, env, options.cwd);
   const opened: number[] = [];
   try {
     const stdio = stdioTargets(options.stdio, opened);

@@ -86,8 +86,12 @@ const present = (v: unknown) => v !== undefined && v !== null && v !== '';
  * "gone"; and a namespace difference is never a mismatch (that path repairs).
  * Pass `live` as null for "no process at that pid"; omit it to inspect now.
  */
-export function verify(recorded: Partial<ProcessIdentity> & { pid: number }, live?: ProcessIdentity | null): VerifyResult {
-  if (recorded === null || typeof recorded !== 'object') throw new InvalidArgError('verify() needs a recorded identity');
+export function verify(
+  recorded: Partial<ProcessIdentity> & { pid: number },
+  live?: ProcessIdentity | null,
+): VerifyResult {
+  if (recorded === null || typeof recorded !== 'object')
+    throw new InvalidArgError('verify() needs a recorded identity');
   assertPid(recorded.pid, 'recorded.pid');
   if (live === undefined) live = tryInspect(recorded.pid);
   if (live && live.pid !== recorded.pid) {
@@ -96,7 +100,8 @@ export function verify(recorded: Partial<ProcessIdentity> & { pid: number }, liv
   const bootId = live ? live.bootId : backend.bootId();
   const pidNs = live ? live.pidNs : ownPidNs();
   if (present(recorded.bootId) && recorded.bootId !== bootId) return { verdict: 'rebooted', field: 'bootId' };
-  if (present(recorded.pidNs) && present(pidNs) && recorded.pidNs !== pidNs) return { verdict: 'unprovable', field: 'pidNs' };
+  if (present(recorded.pidNs) && present(pidNs) && recorded.pidNs !== pidNs)
+    return { verdict: 'unprovable', field: 'pidNs' };
   // A zombie has exited: it holds its pid but is not the running process any more.
   if (live === null || isZombie(live.state)) return { verdict: 'gone' };
   if (!present(recorded.bootId)) return { verdict: 'unrecorded', field: 'bootId' };

@@ -13,7 +13,14 @@ import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef } from './backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from './cgroup.js';
-import { AbortError, ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from './errors.js';
+import {
+  AbortError,
+  ConfirmTimeoutError,
+  InvalidArgError,
+  LaunchExitedError,
+  NotOursError,
+  ReadyTimeoutError,
+} from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';
@@ -197,7 +204,6 @@ export function environOf(ref: PidRef): EnvironReader {
   return () => backend.readEnviron(ref, ENVIRON_MAX_BYTES);
 }
 
-
 export interface Attempt {
   id: string;
   token: string;
@@ -363,7 +369,13 @@ export async function obtainPid(
  * element, and records the identity from that very inspection, under the
  * pin the inspection was made with.
  */
-export async function confirm(a: Attempt, pid: number, deadline: number, timeoutMs: number, signal?: AbortSignal): Promise<void> {
+export async function confirm(
+  a: Attempt,
+  pid: number,
+  deadline: number,
+  timeoutMs: number,
+  signal?: AbortSignal,
+): Promise<void> {
   const child = a.child!;
   let lastArgv: string[] | null = null;
   let spins = 0;
@@ -563,14 +575,22 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   const cg = a.cgroup;
   const targetInside = !!a.target && (a.target === child || !cg || targetInCgroup(a));
   const onEscalate = ({ pid }: { pid: number }) =>
-    emit('escalate', { id: a.id, pid, message: `members of ${a.id} ignored SIGTERM for ${graceMs} ms during abandon; sent SIGKILL` });
+    emit('escalate', {
+      id: a.id,
+      pid,
+      message: `members of ${a.id} ignored SIGTERM for ${graceMs} ms during abandon; sent SIGKILL`,
+    });
   const inCgroup: ProcessHandle[] = [];
   if (child) inCgroup.push(child);
   if (a.target && a.target !== child && targetInside) inCgroup.push(a.target);
   const ended: Array<Promise<number[]>> = [];
   if (cg) {
     const members = cg.procs();
-    ended.push(terminateCgroup(cg, inCgroup, { graceMs, onEscalate }).then(() => [...new Set([...inCgroup.map((h) => h.pid), ...members])]));
+    ended.push(
+      terminateCgroup(cg, inCgroup, { graceMs, onEscalate }).then(() => [
+        ...new Set([...inCgroup.map((h) => h.pid), ...members]),
+      ]),
+    );
   }
   const outside = cg ? (a.target && !targetInside ? [a.target] : []) : inCgroup;
   if (outside.length) ended.push(endTree(a, outside, graceMs, emit, onEscalate));
@@ -592,7 +612,13 @@ export function targetInCgroup(a: Attempt): boolean {
 }
 
 /** Ends roots that no cgroup holds, with their descendants, session and the token carriers the rule accepts. */
-async function endTree(a: Attempt, roots: ProcessHandle[], graceMs: number, emit: Emit, onEscalate: (i: { pid: number }) => void): Promise<number[]> {
+async function endTree(
+  a: Attempt,
+  roots: ProcessHandle[],
+  graceMs: number,
+  emit: Emit,
+  onEscalate: (i: { pid: number }) => void,
+): Promise<number[]> {
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
   const claim = claimOf(a);
@@ -620,9 +646,20 @@ async function endTree(a: Attempt, roots: ProcessHandle[], graceMs: number, emit
       pinned.ref.close();
       // In env mode most candidates are merely the same program: only a token carrier is worth a warning.
       if (a.tokenMode === 'env' && verdict.why === 'token') continue;
-      if (verdict.why !== 'gone') emit('warning', { id: a.id, pid: p.pid, reason: verdict.why, message: `abandon left ${describeRejection(p.pid, verdict.why)}` });
+      if (verdict.why !== 'gone')
+        emit('warning', {
+          id: a.id,
+          pid: p.pid,
+          reason: verdict.why,
+          message: `abandon left ${describeRejection(p.pid, verdict.why)}`,
+        });
     }
-    const { members } = await terminateMembers([...roots, ...extra], { session: a.session, graceMs, reapIfChild: true, onEscalate });
+    const { members } = await terminateMembers([...roots, ...extra], {
+      session: a.session,
+      graceMs,
+      reapIfChild: true,
+      onEscalate,
+    });
     return members;
   } catch (err) {
     // A scan or a pin that failed (EMFILE) proves nothing gone, but the roots are ours by birth and by the

@@ -85,9 +85,12 @@ export type Rejection =
   | 'program'
   | 'environ'
   | 'cgroup';
-export type Judgement = { ours: true; by: 'cgroup' | 'descent' | 'session' | 'token' } | { ours: false; why: Rejection };
+export type Judgement =
+  | { ours: true; by: 'cgroup' | 'descent' | 'session' | 'token' }
+  | { ours: false; why: Rejection };
 
-const sameFile = (a: DevIno | null | undefined, b: DevIno | null | undefined) => !!a && !!b && a.dev === b.dev && a.ino === b.ino;
+const sameFile = (a: DevIno | null | undefined, b: DevIno | null | undefined) =>
+  !!a && !!b && a.dev === b.dev && a.ino === b.ino;
 const dead = (state: string) => state === 'Z' || state === 'X';
 
 let ancestorCache: { at: number; pids: Set<number> } | undefined;
@@ -202,7 +205,8 @@ function byToken(
   inside = false,
 ): Judgement {
   const ours = process.getuid?.();
-  if (!inside && live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
+  if (!inside && live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs())
+    return { ours: false, why: 'namespace' };
   if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
   const marks = argvMarks(claim, live);
   if (marks) return { ours: false, why: marks };
@@ -212,7 +216,10 @@ function byToken(
   } else if (program && 'argv' in program) {
     if (!sameArgv(live.argv, program.argv)) return { ours: false, why: 'argv' };
   }
-  if (sameFile(live.exe, claim.launcherExe) && !(program && 'exe' in program && sameFile(program.exe, claim.launcherExe))) {
+  if (
+    sameFile(live.exe, claim.launcherExe) &&
+    !(program && 'exe' in program && sameFile(program.exe, claim.launcherExe))
+  ) {
     return { ours: false, why: 'launcher' };
   }
   // Without a program to compare, the token alone is a name anyone can
@@ -292,7 +299,10 @@ export function describeRejection(pid: number, why: Rejection): string {
  * argv bytes, then O(1) per token looked up (recovery of many interrupted
  * launches must not scan the table once per launch).
  */
-export function indexByToken<T extends { argv: string[] }>(rows: Iterable<T>, wanted: ReadonlySet<string>): Map<string, T[]> {
+export function indexByToken<T extends { argv: string[] }>(
+  rows: Iterable<T>,
+  wanted: ReadonlySet<string>,
+): Map<string, T[]> {
   const out = new Map<string, T[]>();
   if (wanted.size === 0) return out;
   const hex = /[0-9a-f]{32,}/g;

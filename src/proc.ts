@@ -24,12 +24,17 @@ export function parseStat(text: string): StatFields | null {
   if (open < 0 || close < open) return null;
   const pid = Number(text.slice(0, open).trim());
   if (!Number.isSafeInteger(pid)) return null;
-  const rest = text.slice(close + 1).trim().split(/ +/);
+  const rest = text
+    .slice(close + 1)
+    .trim()
+    .split(/ +/);
   // rest[0] state, [1] ppid, [2] pgrp, [3] session, ..., [19] starttime (field 22).
   if (rest.length < 20) return null;
   const state = rest[0]!;
   if (state.length !== 1) return null;
-  const nums = [rest[1], rest[2], rest[3], rest[19]].map((s) => (s !== undefined && /^-?\d+$/.test(s) ? Number(s) : NaN));
+  const nums = [rest[1], rest[2], rest[3], rest[19]].map((s) =>
+    s !== undefined && /^-?\d+$/.test(s) ? Number(s) : NaN,
+  );
   if (nums.some((n) => !Number.isSafeInteger(n))) return null;
   const [ppid, pgrp, session, startTicks] = nums as [number, number, number, number];
   return { pid, comm: text.slice(open + 1, close), state, ppid, pgrp, session, startTicks };

@@ -167,7 +167,12 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     const pid = m?.identity?.pid;
     if (m && persist && m.state !== 'quarantined') {
       const at = new Date().toISOString();
-      const q: Manifest = { ...m, state: 'quarantined', quarantine: { reason, ...(field ? { field } : {}), at }, updatedAt: at };
+      const q: Manifest = {
+        ...m,
+        state: 'quarantined',
+        quarantine: { reason, ...(field ? { field } : {}), at },
+        updatedAt: at,
+      };
       try {
         await store.write(q);
         m = q;
@@ -178,7 +183,10 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     host.quarantine(id, m, reason, field);
     const entry: RecoveryEntry = { id, ...(pid ? { pid } : {}), reason, ...(field ? { field } : {}) };
     report.quarantined.push(entry);
-    emit('quarantine', { ...entry, message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled` });
+    emit('quarantine', {
+      ...entry,
+      message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled`,
+    });
   };
 
   // Cleaned instances share one fsync of the state dir, at the end.
@@ -246,7 +254,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       host.defer(id, e as Error);
       const entry = { id, reason: (e as NodeJS.ErrnoException).code ?? 'transient', error: e as Error };
       report.deferred.push(entry);
-      emit('warning', { id, reason: entry.reason, message: `${id}: recovery deferred (${(e as Error).message}); call recover() again` });
+      emit('warning', {
+        id,
+        reason: entry.reason,
+        message: `${id}: recovery deferred (${(e as Error).message}); call recover() again`,
+      });
     }
   }
   if (unsynced) await store.syncDir();
@@ -264,7 +276,10 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     if (!m.cgroup) return null;
     const root = host.cgroups;
     if (!root || !root.owns(m.cgroup.path)) {
-      emit('warning', { id: m.id, message: `${m.id}: its cgroup ${m.cgroup.path} is not under this supervisor's cgroup root; judged without it` });
+      emit('warning', {
+        id: m.id,
+        message: `${m.id}: its cgroup ${m.cgroup.path} is not under this supervisor's cgroup root; judged without it`,
+      });
       return null;
     }
     return root.find(m.cgroup) ?? 'gone';
@@ -280,12 +295,21 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       try {
         await terminateCgroup(cg, roots, {
           graceMs,
-          onEscalate: ({ pid }) => emit('escalate', { id: m.id, pid, message: `pid ${pid} in the cgroup of ${m.id} ignored SIGTERM; cgroup.kill` }),
+          onEscalate: ({ pid }) =>
+            emit('escalate', {
+              id: m.id,
+              pid,
+              message: `pid ${pid} in the cgroup of ${m.id} ignored SIGTERM; cgroup.kill`,
+            }),
         });
       } finally {
         for (const h of roots) h.close();
       }
-      emit('warning', { id: m.id, pids: left, message: `${m.id}: ${left.length} process(es) left in its cgroup were ended with it` });
+      emit('warning', {
+        id: m.id,
+        pids: left,
+        message: `${m.id}: ${left.length} process(es) left in its cgroup were ended with it`,
+      });
     }
     await cg.remove();
   }
@@ -319,7 +343,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         await cg.remove(0).catch(() => {});
         continue;
       }
-      emit('warning', { pids: cg.procs(), cgroup: cg.path, message: `cgroup ${cg.path} holds processes but no manifest names it: left alone, nothing signalled` });
+      emit('warning', {
+        pids: cg.procs(),
+        cgroup: cg.path,
+        message: `cgroup ${cg.path} holds processes but no manifest names it: left alone, nothing signalled`,
+      });
     }
   }
 
@@ -329,7 +357,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       // Nothing of custody's there (files a user left): nothing to report.
       if (!(await store.remove(id)).removed) return;
       report.cleaned.push({ id, reason: 'incomplete' });
-      emit('clean', { id, reason: 'incomplete', message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned` });
+      emit('clean', {
+        id,
+        reason: 'incomplete',
+        message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned`,
+      });
       return;
     }
     if (!(err instanceof BadManifestError)) throw err;
@@ -353,7 +385,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       }
       const pid = m.identity!.pid;
       adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null, spawned: false }), null, 'unprovable');
-      emit('warning', { id, pid, message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)` });
+      emit('warning', {
+        id,
+        pid,
+        message: `${id} adopted without proof: this platform cannot verify process identity (allowUnprovable)`,
+      });
       return;
     }
     if (m.state === 'starting') {
@@ -411,7 +447,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     if (!j.ours) {
       l.handle.close();
       // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
-      const reason = j.why === 'token' || j.why === 'expect' || j.why === 'exe' || j.why === 'cgroup' ? 'mismatch' : 'unprovable';
+      const reason =
+        j.why === 'token' || j.why === 'expect' || j.why === 'exe' || j.why === 'cgroup' ? 'mismatch' : 'unprovable';
       const field = j.why === 'init' || j.why === 'self' || j.why === 'ancestor' ? 'pid' : j.why;
       await quarantine(id, m, reason, v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : field);
       return;
@@ -419,7 +456,12 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     if (v.verdict === 'ok') {
       // Proven: an older format is rewritten in the current one.
       if (m.version !== MANIFEST_VERSION) {
-        await store.write(m).catch((err: unknown) => emit('warning', { id, message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}` }));
+        await store.write(m).catch((err: unknown) =>
+          emit('warning', {
+            id,
+            message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}`,
+          }),
+        );
       }
       adopt(m, l.handle, cg);
       emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
@@ -431,12 +473,21 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       await quarantine(id, m, 'mismatch', v.field);
       return;
     }
-    const repaired: Manifest = { ...m, identity: { ...l.identity, startTicks: recorded.startTicks }, updatedAt: new Date().toISOString() };
+    const repaired: Manifest = {
+      ...m,
+      identity: { ...l.identity, startTicks: recorded.startTicks },
+      updatedAt: new Date().toISOString(),
+    };
     await store.write(repaired);
     adopt(repaired, l.handle, cg);
     report.adopted.pop();
     report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
-    emit('repair', { id, pid: recorded.pid, field: v.field, message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten` });
+    emit('repair', {
+      id,
+      pid: recorded.pid,
+      field: v.field,
+      message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
+    });
   }
 
   /**
@@ -472,10 +523,20 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const chosen = await findTarget(m, target, candidates, inside !== null);
       if (chosen) {
         const kept = group && isMember(chosen.identity, { pids: new Set(), cgroup: group.node }) ? group : null;
-        const running: Manifest = { ...m, state: 'running', identity: chosen.identity, cgroup: kept ? m.cgroup : null, updatedAt: new Date().toISOString() };
+        const running: Manifest = {
+          ...m,
+          state: 'running',
+          identity: chosen.identity,
+          cgroup: kept ? m.cgroup : null,
+          updatedAt: new Date().toISOString(),
+        };
         await store.write(running);
         adopt(running, chosen.handle, kept, 'starting');
-        emit('adopt', { id: m.id, pid: chosen.identity.pid, message: `${m.id}: a launch interrupted mid-way was found and adopted` });
+        emit('adopt', {
+          id: m.id,
+          pid: chosen.identity.pid,
+          message: `${m.id}: a launch interrupted mid-way was found and adopted`,
+        });
         return;
       }
       if (inside) {
@@ -562,7 +623,12 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         session: m.session ?? null,
         graceMs: 2000,
         reapIfChild: true,
-        onEscalate: ({ pid }) => emit('escalate', { id: m.id, pid, message: `pid ${pid} of an interrupted launch ignored SIGTERM; sent SIGKILL` }),
+        onEscalate: ({ pid }) =>
+          emit('escalate', {
+            id: m.id,
+            pid,
+            message: `pid ${pid} of an interrupted launch ignored SIGTERM; sent SIGKILL`,
+          }),
       });
     } finally {
       for (const h of roots) h.close();

@@ -30,4 +30,3 @@ export function decodeWaitStatus(status: number): ExitStatus {
 }
 
 export const UNKNOWN_EXIT: ExitStatus = Object.freeze({ code: null, signal: null }) as ExitStatus;
-

@@ -15,7 +15,7 @@ import {
   UnsupportedError,
 } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
-import { ProcessHandle, resolveExecutable } from './handle.js';
+import { type ProcessHandle, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
 import { assertLogOptions, InstanceLogs } from './logs.js';
 import {
@@ -199,17 +199,20 @@ export class Supervisor {
    */
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
     if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
-    if (options.onEvent !== undefined && typeof options.onEvent !== 'function') throw new InvalidArgError('onEvent must be a function');
+    if (options.onEvent !== undefined && typeof options.onEvent !== 'function')
+      throw new InvalidArgError('onEvent must be a function');
     // Checked before the state dir is touched: a bad root leaves nothing behind.
     if (options.cgroup !== undefined) CgroupRoot.validate(options.cgroup);
     if (options.sweep !== undefined) {
       const sw = options.sweep;
-      if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns)) throw new InvalidArgError('sweep must be { intervalMs, patterns }');
+      if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns))
+        throw new InvalidArgError('sweep must be { intervalMs, patterns }');
       assertDuration(sw.intervalMs, 'sweep.intervalMs');
       if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
       for (const p of sw.patterns) validateSweep(p);
     }
-    if (options.create !== undefined && typeof options.create !== 'boolean') throw new InvalidArgError('create must be a boolean');
+    if (options.create !== undefined && typeof options.create !== 'boolean')
+      throw new InvalidArgError('create must be a boolean');
     // A /proc of another pid namespace would make every proof below about other processes.
     if (backend.capabilities().proc) assertOwnProc();
     const emit = emitter(options.onEvent);
@@ -217,11 +220,15 @@ export class Supervisor {
     const sup = new Supervisor(options, store, emit);
     try {
       if (options.cgroup !== undefined) {
-        sup.#cgroups = CgroupRoot.open(options.cgroup, options.stateDir, (message) => sup.#emit('warning', { message }));
+        sup.#cgroups = CgroupRoot.open(options.cgroup, options.stateDir, (message) =>
+          sup.#emit('warning', { message }),
+        );
       }
       if (options.subreaper && (sup.#subreaper = acquireSubreaper())) addReaperSource(sup.#sessions);
       if (options.subreaper && !sup.#subreaper) {
-        sup.#emit('warning', { message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init` });
+        sup.#emit('warning', {
+          message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init`,
+        });
       }
       const report = await sup.recover();
       // Taken once recovery is done, so that recovery itself has every fd there is.
@@ -251,7 +258,8 @@ export class Supervisor {
       allowUnprovable: this.#options.allowUnprovable === true,
       cgroups: this.#cgroups,
       usesCgroup: (path) =>
-        this.#launching.has(path) || [...this.#table.values()].some((t) => t.cgroup?.path === path || t.manifest?.cgroup?.path === path),
+        this.#launching.has(path) ||
+        [...this.#table.values()].some((t) => t.cgroup?.path === path || t.manifest?.cgroup?.path === path),
       wants: (id) => {
         const t = this.#table.get(id);
         return !t || t.status === 'deferred';
@@ -286,7 +294,14 @@ export class Supervisor {
   /** Registers an adopted or launched process and watches its exit. */
   #track(manifest: Manifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): Instance {
     const identity = manifest.identity!;
-    const instance: Instance = { id: manifest.id, pid: handle.pid, token: manifest.token, identity, exited: handle.exited, cgroup: cgroup?.path ?? null };
+    const instance: Instance = {
+      id: manifest.id,
+      pid: handle.pid,
+      token: manifest.token,
+      identity,
+      exited: handle.exited,
+      cgroup: cgroup?.path ?? null,
+    };
     const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance, cgroup };
     this.#table.set(manifest.id, t);
     if (!this.#options.keepAlive) handle.unref();
@@ -296,19 +311,43 @@ export class Supervisor {
   }
 
   #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
-    this.#table.set(id, { id, status: 'quarantined', manifest, handle: null, instance: null, reason, field, cgroup: null });
+    this.#table.set(id, {
+      id,
+      status: 'quarantined',
+      manifest,
+      handle: null,
+      instance: null,
+      reason,
+      field,
+      cgroup: null,
+    });
   }
 
   /** Recovery (or a failed abandon) could not decide this id now; launch and stop refuse it until a later recover() does. */
   #defer(id: string, error: Error): void {
-    this.#table.set(id, { id, status: 'deferred', manifest: null, handle: null, instance: null, reason: (error as NodeJS.ErrnoException).code, error, cgroup: null });
+    this.#table.set(id, {
+      id,
+      status: 'deferred',
+      manifest: null,
+      handle: null,
+      instance: null,
+      reason: (error as NodeJS.ErrnoException).code,
+      error,
+      cgroup: null,
+    });
   }
 
   #onExit(t: Tracked, status: ExitStatus): void {
     if (this.#table.get(t.id) !== t || t.stopping || this.#closed) return;
     t.status = 'exited';
     t.exit = status;
-    this.#emit('exit', { id: t.id, pid: t.handle?.pid, code: status.code, signal: status.signal, message: `exited on its own (${describeExit(status)})` });
+    this.#emit('exit', {
+      id: t.id,
+      pid: t.handle?.pid,
+      code: status.code,
+      signal: status.signal,
+      message: `exited on its own (${describeExit(status)})`,
+    });
     // Proven gone (its pidfd said so): stale sockets and state go with it,
     // and, as systemd does when a service's main process exits, whatever it
     // left in its cgroup (the cgroup first: the state goes only once it is empty).
@@ -326,7 +365,10 @@ export class Supervisor {
         await this.#store.remove(t.id);
       })(),
     ).catch((err: unknown) => {
-      this.#emit('warning', { id: t.id, message: `could not clean up after an exited instance: ${(err as Error).message}` });
+      this.#emit('warning', {
+        id: t.id,
+        message: `could not clean up after an exited instance: ${(err as Error).message}`,
+      });
     });
   }
 
@@ -339,7 +381,10 @@ export class Supervisor {
     this.#assertOpen();
     validateSpec(spec);
     const limits = validateLimits(spec.limits);
-    if (limits && !this.#cgroups) throw new InvalidArgError('limits need a supervisor opened with a cgroup root (Supervisor.open({ cgroup: { root } }))');
+    if (limits && !this.#cgroups)
+      throw new InvalidArgError(
+        'limits need a supervisor opened with a cgroup root (Supervisor.open({ cgroup: { root } }))',
+      );
     // Refused (ERR_CUSTODY_UNSUPPORTED) before anything exists where the root lacks a controller.
     this.#cgroups?.prepareLimits(limits);
     const { id } = spec;
@@ -367,7 +412,12 @@ export class Supervisor {
           // Deferred: an attempt not proven undone; its state waits for recover(), not for another attempt.
           const deferred = this.#table.get(id)?.status === 'deferred';
           if (err instanceof AbortError || err instanceof InvalidArgError || this.#closed || deferred) throw err;
-          if (n < attempts) this.#emit('retry', { id, attempt: n + 1, message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}` });
+          if (n < attempts)
+            this.#emit('retry', {
+              id,
+              attempt: n + 1,
+              message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}`,
+            });
         }
       }
       throw lastError;
@@ -394,7 +444,9 @@ export class Supervisor {
     const paths = [...(spec.paths ?? [])];
     if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);
     if (pidFile) paths.push(pidFile);
-    const executable = spec.executable ? statSync(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd)) : null;
+    const executable = spec.executable
+      ? statSync(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd))
+      : null;
     const now = new Date().toISOString();
     const manifest: Manifest = {
       version: MANIFEST_VERSION,
@@ -455,7 +507,13 @@ export class Supervisor {
     }
   }
 
-  async #run(spec: LaunchSpec, attemptNo: number, manifest: Manifest, a: Attempt, logs: ReturnType<InstanceLogs['prepare']>): Promise<Instance> {
+  async #run(
+    spec: LaunchSpec,
+    attemptNo: number,
+    manifest: Manifest,
+    a: Attempt,
+    logs: ReturnType<InstanceLogs['prepare']>,
+  ): Promise<Instance> {
     const { token } = a;
     const pidSpec = a.pidSpec;
     // Written, and fsync'd, before anything is spawned: a supervisor killed
@@ -466,18 +524,32 @@ export class Supervisor {
       await a.cgroup?.remove();
       throw err;
     }
-    this.#emit('launch', { id: spec.id, attempt: attemptNo, token, message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}` });
+    this.#emit('launch', {
+      id: spec.id,
+      attempt: attemptNo,
+      token,
+      message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}`,
+    });
     const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
       // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
       if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
       startChild(a, spec, logs);
-      this.#emit('spawn', { id: spec.id, pid: a.child!.pid, message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})` });
+      this.#emit('spawn', {
+        id: spec.id,
+        pid: a.child!.pid,
+        message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})`,
+      });
       const deadline = Date.now() + confirmTimeoutMs;
       let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
       await confirm(a, pid, deadline, confirmTimeoutMs, signal);
-      this.#emit('confirm', { id: spec.id, pid, identity: a.identity, message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection` });
+      this.#emit('confirm', {
+        id: spec.id,
+        pid,
+        identity: a.identity,
+        message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection`,
+      });
       const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
       if (a.cgroup && !cgroup) {
         this.#emit('warning', {
@@ -486,7 +558,14 @@ export class Supervisor {
           message: `pid ${pid} was created outside the instance cgroup (by whatever the pid function asked): ${spec.id} runs with cgroup null, under the token rule`,
         });
       }
-      const instance: Instance = { id: spec.id, pid, token, identity: a.identity!, exited: a.target!.exited, cgroup: cgroup?.path ?? null };
+      const instance: Instance = {
+        id: spec.id,
+        pid,
+        token,
+        identity: a.identity!,
+        exited: a.target!.exited,
+        cgroup: cgroup?.path ?? null,
+      };
       if (spec.ready) {
         const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
@@ -497,11 +576,19 @@ export class Supervisor {
         this.#emit('ready', { id: spec.id, pid, message: how });
       }
       // Closed while launching: nobody would watch it; undo rather than orphan it.
-      if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
+      if (this.#closed)
+        throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
       // The session is recorded only while the target is in it: stop and recovery then count its members.
       const session = a.session !== null && a.identity!.session === a.session ? a.session : null;
       const cg = cgroup ? { path: cgroup.path, id: cgroup.id } : null;
-      const running: Manifest = { ...manifest, state: 'running', identity: a.identity, session, cgroup: cg, updatedAt: new Date().toISOString() };
+      const running: Manifest = {
+        ...manifest,
+        state: 'running',
+        identity: a.identity,
+        session,
+        cgroup: cg,
+        updatedAt: new Date().toISOString(),
+      };
       await this.#store.write(running);
       if (a.child !== a.target) {
         // The launcher is ours to reap whenever it ends; it holds nothing.
@@ -532,13 +619,22 @@ export class Supervisor {
       } catch (abandonErr) {
         // Something of the attempt would not die: its manifest stays, for a
         // later recover() to decide; until then the id is refused.
-        this.#emit('warning', { id: spec.id, message: `abandon of ${spec.id} failed (${(abandonErr as Error).message}); its manifest is kept` });
+        this.#emit('warning', {
+          id: spec.id,
+          message: `abandon of ${spec.id} failed (${(abandonErr as Error).message}); its manifest is kept`,
+        });
         this.#defer(spec.id, abandonErr as Error);
         throw err;
       }
       // State goes only now: every process of the attempt is proven gone.
       await this.#removeState(spec.id);
-      this.#emit('abandon', { id: spec.id, attempt: attemptNo, pids: ended, error: err, message: (err as Error).message });
+      this.#emit('abandon', {
+        id: spec.id,
+        attempt: attemptNo,
+        pids: ended,
+        error: err,
+        message: (err as Error).message,
+      });
       throw err;
     }
   }
@@ -548,7 +644,10 @@ export class Supervisor {
     void launcher.exited
       .then(() => cg.remove())
       .catch((err: unknown) => {
-        this.#emit('warning', { id, message: `the launcher's cgroup ${cg.path} was not removed (${(err as Error).message}); what is left in it is not signalled` });
+        this.#emit('warning', {
+          id,
+          message: `the launcher's cgroup ${cg.path} was not removed (${(err as Error).message}); what is left in it is not signalled`,
+        });
       });
   }
 
@@ -569,9 +668,12 @@ export class Supervisor {
     const graceMs = options.graceMs ?? 30_000;
     assertDuration(graceMs, 'graceMs');
     if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
-    if (options.graceful !== undefined && typeof options.graceful !== 'function') throw new InvalidArgError('graceful must be a function');
+    if (options.graceful !== undefined && typeof options.graceful !== 'function')
+      throw new InvalidArgError('graceful must be a function');
     if (t.cgroup && options.tree === false) {
-      throw new InvalidArgError(`${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`);
+      throw new InvalidArgError(
+        `${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`,
+      );
     }
     t.stopping = this.#inFlight(this.#stop(t, { ...options, graceMs }));
     try {
@@ -593,8 +695,16 @@ export class Supervisor {
       if (!(err instanceof AbortError)) throw err;
       // Abort means "force it now": KILL, a bounded wait until it is gone
       // (StopTimeoutError if it outlives that), and only then the AbortError.
-      if (t.cgroup) await terminateCgroup(t.cgroup, [h], { termSignal: 'SIGKILL', graceMs: 0, killEach: !this.#cgroups!.capabilities().kill });
-      else await (options.tree !== false ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session }) : forceEnd(h));
+      if (t.cgroup)
+        await terminateCgroup(t.cgroup, [h], {
+          termSignal: 'SIGKILL',
+          graceMs: 0,
+          killEach: !this.#cgroups!.capabilities().kill,
+        });
+      else
+        await (options.tree !== false
+          ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session })
+          : forceEnd(h));
       await t.cgroup?.remove();
       await this.#removeState(t.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
@@ -620,7 +730,9 @@ export class Supervisor {
     try {
       reapMembers();
     } catch (err) {
-      this.#emit('warning', { message: `subreaper: could not look for orphans to reap now (${(err as Error).message}); the next SIGCHLD retries` });
+      this.#emit('warning', {
+        message: `subreaper: could not look for orphans to reap now (${(err as Error).message}); the next SIGCHLD retries`,
+      });
     }
   }
 
@@ -641,7 +753,13 @@ export class Supervisor {
       return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
     }
     if (!options.graceful) {
-      const { leftovers: _l, ...result } = await this.#terminate(t, h, options.graceMs, options.signal, options.tree === false);
+      const { leftovers: _l, ...result } = await this.#terminate(
+        t,
+        h,
+        options.graceMs,
+        options.signal,
+        options.tree === false,
+      );
       return result;
     }
     const ac = new AbortController();
@@ -664,9 +782,18 @@ export class Supervisor {
       ac.abort(new Error(r === TIMED_OUT ? 'graceful stop timed out' : 'graceful stop is over'));
     }
     if (r === TIMED_OUT) {
-      this.#emit('warning', { id: t.id, message: `graceful stop did not end the process within ${options.graceMs} ms; terminating` });
+      this.#emit('warning', {
+        id: t.id,
+        message: `graceful stop did not end the process within ${options.graceMs} ms; terminating`,
+      });
     }
-    const { leftovers: _l, ...result } = await this.#terminate(t, h, options.termGraceMs ?? 2000, options.signal, options.tree === false);
+    const { leftovers: _l, ...result } = await this.#terminate(
+      t,
+      h,
+      options.termGraceMs ?? 2000,
+      options.signal,
+      options.tree === false,
+    );
     return r === 'gone' ? { ...result, outcome: 'exited' } : result;
   }
 
@@ -675,18 +802,46 @@ export class Supervisor {
    * one (the proof is `populated 0`), else of the tree (every member
    * pinned), else (tree: false) of the main process alone.
    */
-  async #terminate(t: Tracked, h: ProcessHandle, graceMs: number, signal: AbortSignal | undefined, single = false): Promise<StopResult & { leftovers?: number[] }> {
+  async #terminate(
+    t: Tracked,
+    h: ProcessHandle,
+    graceMs: number,
+    signal: AbortSignal | undefined,
+    single = false,
+  ): Promise<StopResult & { leftovers?: number[] }> {
     const onEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
-      this.#emit('escalate', { id: t.id, pid, message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL` });
+      this.#emit('escalate', {
+        id: t.id,
+        pid,
+        message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL`,
+      });
     if (t.cgroup) {
       const wasAlive = h.isAlive();
-      const r = await terminateCgroup(t.cgroup, [h], { graceMs, signal, onEscalate, killEach: !this.#cgroups!.capabilities().kill });
+      const r = await terminateCgroup(t.cgroup, [h], {
+        graceMs,
+        signal,
+        onEscalate,
+        killEach: !this.#cgroups!.capabilities().kill,
+      });
       const st = h.exitStatus ?? (await within(h.exited, 50));
       const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
-      return { outcome: wasAlive ? 'exited' : 'already-gone', escalated: r.escalated, code: status.code, signal: status.signal, leftovers: r.leftovers };
+      return {
+        outcome: wasAlive ? 'exited' : 'already-gone',
+        escalated: r.escalated,
+        code: status.code,
+        signal: status.signal,
+        leftovers: r.leftovers,
+      };
     }
     if (single) return terminate(h, { graceMs, signal, onEscalate });
-    const { members: _members, ...result } = await terminateTree(h, { graceMs, signal, onEscalate, reapIfChild: true, session: t.manifest?.session, also: this.#orphansOf(t) });
+    const { members: _members, ...result } = await terminateTree(h, {
+      graceMs,
+      signal,
+      onEscalate,
+      reapIfChild: true,
+      session: t.manifest?.session,
+      also: this.#orphansOf(t),
+    });
     return result;
   }
 
@@ -720,8 +875,10 @@ export class Supervisor {
       survivors: pids(r.survivors),
       message: `${options.dryRun ? 'would end' : 'ended'} ${r.matched.length} orphan(s) matching ${JSON.stringify(argv.map(displayArg)).slice(0, 120)}`,
     });
-    if (r.killed.length) this.#emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
-    if (r.survivors.length) this.#emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
+    if (r.killed.length)
+      this.#emit('warning', { message: `sweep: pids ${pids(r.killed).join(', ')} ignored SIGTERM and were killed` });
+    if (r.survivors.length)
+      this.#emit('warning', { message: `sweep: pids ${pids(r.survivors).join(', ')} survived the sweep's deadline` });
   }
 
   #startSweeps(config: { intervalMs: number; patterns: SweepOptions[] }): void {
@@ -748,7 +905,8 @@ export class Supervisor {
     const t = this.#table.get(id);
     if (!t) throw notFound(id);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
-    if (t.status !== 'exited') throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is ${t.status}; stop() it instead`);
+    if (t.status !== 'exited')
+      throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is ${t.status}; stop() it instead`);
     this.#table.delete(id);
   }
 
@@ -757,7 +915,10 @@ export class Supervisor {
     return [...this.#table.values()].map((t) => {
       const pid = t.handle?.pid ?? t.manifest?.identity?.pid ?? null;
       // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
-      const ppid = t.status === 'running' && t.handle && !t.handle.hasExited ? liveParent(t.handle.pid, t.manifest?.identity?.startTicks) : null;
+      const ppid =
+        t.status === 'running' && t.handle && !t.handle.hasExited
+          ? liveParent(t.handle.pid, t.manifest?.identity?.startTicks)
+          : null;
       const info: InstanceInfo = { id: t.id, status: t.status, pid, ppid };
       if (t.reason !== undefined) info.reason = t.reason;
       if (t.field !== undefined) info.field = t.field;
@@ -798,7 +959,9 @@ export class Supervisor {
     const t = this.#table.get(id);
     if (!t || t.status !== 'running') throw notFound(id, t?.status, 'running');
     if (!t.cgroup) {
-      throw new UnsupportedError(`${what}() needs an instance cgroup: ${this.#cgroups ? `${id} has none (its target was created outside it)` : 'the supervisor was opened without a cgroup root'}`);
+      throw new UnsupportedError(
+        `${what}() needs an instance cgroup: ${this.#cgroups ? `${id} has none (its target was created outside it)` : 'the supervisor was opened without a cgroup root'}`,
+      );
     }
     return t.cgroup;
   }
@@ -806,7 +969,12 @@ export class Supervisor {
   /** capabilities(), with `cgroup` describing this supervisor's root (null without one). */
   capabilities(): Capabilities {
     const caps = hostCapabilities();
-    if (!this.#cgroups) return { ...caps, cgroup: null, cgroupReason: caps.cgroup ? 'this supervisor was opened without a cgroup root' : caps.cgroupReason };
+    if (!this.#cgroups)
+      return {
+        ...caps,
+        cgroup: null,
+        cgroupReason: caps.cgroup ? 'this supervisor was opened without a cgroup root' : caps.cgroupReason,
+      };
     return { ...caps, cgroup: this.#cgroups.capabilities() };
   }
 
@@ -854,7 +1022,10 @@ export class Supervisor {
 
   async #release(t: Tracked): Promise<void> {
     // Its cgroup goes only if nothing is in it (rmdir refuses otherwise): nothing is signalled.
-    await this.#cgroups?.find(t.manifest?.cgroup)?.remove(0).catch(() => {});
+    await this.#cgroups
+      ?.find(t.manifest?.cgroup)
+      ?.remove(0)
+      .catch(() => {});
     await this.#store.remove(t.id);
     if (this.#table.get(t.id) === t) this.#table.delete(t.id);
     const message = `quarantine of ${t.id} released by the operator (${t.reason}); nothing was signalled`;
@@ -870,7 +1041,10 @@ export class Supervisor {
       await this.#store.remove(id);
     } catch (err) {
       const why = (err as Error).message;
-      this.#emit('warning', { id, message: `${id} is gone, but its state could not be removed (recovery will clean it): ${why}` });
+      this.#emit('warning', {
+        id,
+        message: `${id} is gone, but its state could not be removed (recovery will clean it): ${why}`,
+      });
     }
   }
 
@@ -966,9 +1140,11 @@ class FdReserve {
 }
 
 function notFound(id: string, status?: InstanceStatus, wanted = 'running or exited'): CustodyError {
-  return new CustodyError('ERR_CUSTODY_NOT_FOUND', status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`);
+  return new CustodyError(
+    'ERR_CUSTODY_NOT_FOUND',
+    status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`,
+  );
 }
-
 
 function validateSpec(spec: LaunchSpec): void {
   if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');
@@ -980,10 +1156,16 @@ function validateSpec(spec: LaunchSpec): void {
   if (spec.expect !== undefined) assertStringArray(spec.expect, 'expect');
   if (spec.paths !== undefined) {
     assertStringArray(spec.paths, 'paths');
-    for (const p of spec.paths) if (!p.startsWith('/')) throw new InvalidArgError(`paths must be absolute: ${JSON.stringify(p)}`);
+    for (const p of spec.paths)
+      if (!p.startsWith('/')) throw new InvalidArgError(`paths must be absolute: ${JSON.stringify(p)}`);
   }
   const pid = spec.pid;
-  if (pid !== undefined && pid !== 'child' && typeof pid !== 'function' && !(pid && typeof pid === 'object' && typeof pid.file === 'string' && pid.file.startsWith('/'))) {
+  if (
+    pid !== undefined &&
+    pid !== 'child' &&
+    typeof pid !== 'function' &&
+    !(pid && typeof pid === 'object' && typeof pid.file === 'string' && pid.file.startsWith('/'))
+  ) {
     throw new InvalidArgError("pid must be 'child', { file: absolutePath } or a function");
   }
   const pidFile = !!pid && typeof pid === 'object';
@@ -1020,5 +1202,6 @@ function validateSpec(spec: LaunchSpec): void {
   if (spec.attempts !== undefined && (!Number.isInteger(spec.attempts) || spec.attempts < 1 || spec.attempts > 100)) {
     throw new InvalidArgError('attempts must be an integer from 1 to 100');
   }
-  if (spec.signal !== undefined && !(spec.signal instanceof AbortSignal)) throw new InvalidArgError('signal must be an AbortSignal');
+  if (spec.signal !== undefined && !(spec.signal instanceof AbortSignal))
+    throw new InvalidArgError('signal must be an AbortSignal');
 }

@@ -66,10 +66,14 @@ export function validateSweep(options: SweepOptions): string[] {
   if (!options || typeof options !== 'object') throw new InvalidArgError('sweep() needs { argv }');
   const argv = argvOf(options.argv, 'argv');
   if (argv.length === 0 || argv[0] === '') throw new InvalidArgError('argv must name at least the program (argv[0])');
-  if (options.executable !== undefined && (typeof options.executable !== 'string' || options.executable === '' || options.executable.includes('\0'))) {
+  if (
+    options.executable !== undefined &&
+    (typeof options.executable !== 'string' || options.executable === '' || options.executable.includes('\0'))
+  ) {
     throw new InvalidArgError('executable must be a non-empty string');
   }
-  if (options.uid !== undefined && (!Number.isInteger(options.uid) || options.uid < 0)) throw new InvalidArgError('uid must be a non-negative integer');
+  if (options.uid !== undefined && (!Number.isInteger(options.uid) || options.uid < 0))
+    throw new InvalidArgError('uid must be a non-negative integer');
   if (options.graceMs !== undefined) assertDuration(options.graceMs, 'graceMs');
   if (options.deadlineMs !== undefined) assertDuration(options.deadlineMs, 'deadlineMs');
   return argv;
@@ -95,7 +99,8 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
     if (protectedPid(p.pid) || exclude.has(p.pid)) return false;
     if (p.state === 'Z' || p.uid !== uid || !sameArgv(p.argv, argv)) return false;
     if (exeBase !== null && basename(p.argv[0] ?? '') !== exeBase) return false;
-    if (exe !== null && raw !== undefined && !(raw.exe && raw.exe.dev === exe.dev && raw.exe.ino === exe.ino)) return false;
+    if (exe !== null && raw !== undefined && !(raw.exe && raw.exe.dev === exe.dev && raw.exe.ino === exe.ino))
+      return false;
     return true;
   };
 
@@ -108,7 +113,10 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
       const { raw, ref } = backend.inspectPinned(pid);
       // The scan proves nothing; the pinned read does.
       if (matches({ pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
-        pinned.push({ identity: toIdentity(pid, raw, backend.bootId()), handle: new ProcessHandle(ref, { identity: null, spawned: false }) });
+        pinned.push({
+          identity: toIdentity(pid, raw, backend.bootId()),
+          handle: new ProcessHandle(ref, { identity: null, spawned: false }),
+        });
       } else ref.close();
     } catch (err) {
       // Exited since the scan; anything else (EMFILE) is no answer and is thrown.
@@ -121,7 +129,8 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
     await options.beforeSignal?.(result.matched);
     for (const p of pinned) p.handle.signal('SIGTERM');
     const remaining = () => pinned.filter((p) => !p.handle.hasExited);
-    const waitAll = (ps: typeof pinned, ms: number) => within(Promise.all(ps.map((p) => p.handle.gone)), ms, options.signal);
+    const waitAll = (ps: typeof pinned, ms: number) =>
+      within(Promise.all(ps.map((p) => p.handle.gone)), ms, options.signal);
     await waitAll(pinned, Math.min(graceMs, Math.max(0, deadlineMs - (Date.now() - started))));
     const afterTerm = remaining();
     for (const p of pinned) if (!afterTerm.includes(p)) result.terminated.push(p.identity);

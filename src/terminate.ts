@@ -43,7 +43,8 @@ export interface TerminateResult {
 
 /** Validates a terminate call (before any signal) and fills in the defaults. */
 export function terminateParams(handle: unknown, options: TerminateOptions, what: string) {
-  if (!(handle instanceof ProcessHandle)) throw new InvalidArgError(`${what}() needs a ProcessHandle (from open() or spawn())`);
+  if (!(handle instanceof ProcessHandle))
+    throw new InvalidArgError(`${what}() needs a ProcessHandle (from open() or spawn())`);
   assertSignallable(handle.pid);
   const params = {
     termSignal: signalNumber(options.termSignal ?? 'SIGTERM'),

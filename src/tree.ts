@@ -107,7 +107,7 @@ class MemberSet {
       for (const pid of found) {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);
-        if (h) (this.#add(h), added++);
+        if (h) this.#add(h), added++;
       }
       if (added === before) break;
     }
@@ -147,7 +147,14 @@ export interface MembersResult {
  */
 export async function terminateMembers(
   roots: ProcessHandle[],
-  options: MembersOptions & { termSignal?: NodeJS.Signals | number; killSignal?: NodeJS.Signals | number; graceMs?: number; killWaitMs?: number; signal?: AbortSignal; onEscalate?: (info: { pid: number; graceMs: number }) => void },
+  options: MembersOptions & {
+    termSignal?: NodeJS.Signals | number;
+    killSignal?: NodeJS.Signals | number;
+    graceMs?: number;
+    killWaitMs?: number;
+    signal?: AbortSignal;
+    onEscalate?: (info: { pid: number; graceMs: number }) => void;
+  },
 ): Promise<MembersResult> {
   const term = signalNumber(options.termSignal ?? 'SIGTERM');
   const kill = signalNumber(options.killSignal ?? 'SIGKILL');
@@ -203,13 +210,28 @@ export interface TreeTerminateResult extends TerminateResult {
  * Terminates a process and all its descendants (and its session's members,
  * where one is given): see terminateMembers.
  */
-export async function terminateTree(root: ProcessHandle, options: TreeTerminateOptions = {}): Promise<TreeTerminateResult> {
+export async function terminateTree(
+  root: ProcessHandle,
+  options: TreeTerminateOptions = {},
+): Promise<TreeTerminateResult> {
   const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(root, options, 'terminateTree');
   const rootWasAlive = root.isAlive();
-  const r = await terminateMembers([root, ...(options.also ?? [])], { ...options, termSignal, killSignal, graceMs, killWaitMs });
+  const r = await terminateMembers([root, ...(options.also ?? [])], {
+    ...options,
+    termSignal,
+    killSignal,
+    graceMs,
+    killWaitMs,
+  });
   const st = root.exitStatus ?? (await within(root.exited, 50));
   const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
-  return { outcome: rootWasAlive ? 'exited' : 'already-gone', escalated: r.escalated, code: status.code, signal: status.signal, members: r.members };
+  return {
+    outcome: rootWasAlive ? 'exited' : 'already-gone',
+    escalated: r.escalated,
+    code: status.code,
+    signal: status.signal,
+    members: r.members,
+  };
 }
 
 export interface CgroupTerminateOptions {
@@ -244,7 +266,11 @@ export interface CgroupTerminateResult {
  * Members re-parented to us as a subreaper are reaped. The caller removes
  * the cgroup and then the state.
  */
-export async function terminateCgroup(cg: InstanceCgroup, roots: ProcessHandle[], options: CgroupTerminateOptions = {}): Promise<CgroupTerminateResult> {
+export async function terminateCgroup(
+  cg: InstanceCgroup,
+  roots: ProcessHandle[],
+  options: CgroupTerminateOptions = {},
+): Promise<CgroupTerminateResult> {
   const term = signalNumber(options.termSignal ?? 'SIGTERM');
   const graceMs = options.graceMs ?? 2000;
   const killWaitMs = options.killWaitMs ?? 5000;
@@ -275,7 +301,8 @@ export async function terminateCgroup(cg: InstanceCgroup, roots: ProcessHandle[]
   }
   // Gone, not merely signalled: a root outside the cgroup (an adopted main that left it) is waited for too.
   const rootsLeft = await within(Promise.all(roots.map((r) => r.gone)), killWaitMs);
-  if (rootsLeft === TIMED_OUT && !rootsGone()) throw new StopTimeoutError(roots.find((r) => r.isAlive())?.pid ?? 0, killWaitMs);
+  if (rootsLeft === TIMED_OUT && !rootsGone())
+    throw new StopTimeoutError(roots.find((r) => r.isAlive())?.pid ?? 0, killWaitMs);
   reapOrphans(cg, roots);
   if (aborted) throw aborted;
   return { escalated, leftovers };

@@ -42,7 +42,10 @@ export function assertStringArray(value: unknown, what: string): asserts value i
   }
   for (const v of value) {
     if (v.includes('\0')) throw new InvalidArgError(`${what} must not contain NUL bytes`);
-    if (!isByteString(v)) throw new InvalidArgError(`${what} holds a lone surrogate that stands for no byte (only U+DC80-U+DCFF escape bytes)`);
+    if (!isByteString(v))
+      throw new InvalidArgError(
+        `${what} holds a lone surrogate that stands for no byte (only U+DC80-U+DCFF escape bytes)`,
+      );
   }
 }
 
@@ -60,6 +63,7 @@ export function argvOf(value: unknown, what: string): string[] {
 export function describe(value: unknown): string {
   if (typeof value === 'string') return JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}…` : value);
   if (typeof value === 'bigint') return `${value}n`;
-  if (typeof value === 'number' || typeof value === 'boolean' || value === null || value === undefined) return String(value);
+  if (typeof value === 'number' || typeof value === 'boolean' || value === null || value === undefined)
+    return String(value);
   return typeof value;
 }

@@ -14,7 +14,10 @@ const root = join(import.meta.dirname, '..');
 const dist = join(root, 'dist', 'index.js');
 
 /** Loads the built package in a fresh node with the given env; returns capabilities() or the load error. */
-function loadWith(env: Record<string, string>): { caps?: Record<string, unknown>; error?: { code: string; message: string } } {
+function loadWith(env: Record<string, string>): {
+  caps?: Record<string, unknown>;
+  error?: { code: string; message: string };
+} {
   const script = `import(${JSON.stringify(dist)}).then((c) => console.log(JSON.stringify({ caps: c.capabilities() })), (e) => console.log(JSON.stringify({ error: { code: e.code, message: e.message } })))`;
   const out = execFileSync(process.execPath, ['-e', script], { env: { ...process.env, ...env }, encoding: 'utf8' });
   return JSON.parse(out);
@@ -33,10 +36,21 @@ describe(`backend selection (${backend.name})`, () => {
   it('says which guarantees hold on each backend', () => {
     const caps = capabilities();
     if (caps.backend === 'native') {
-      expect(caps).toMatchObject({ pidfd: true, raceFreeSignals: true, raceFreeIdentity: true, spawnWithPidfd: true, proc: true });
+      expect(caps).toMatchObject({
+        pidfd: true,
+        raceFreeSignals: true,
+        raceFreeIdentity: true,
+        spawnWithPidfd: true,
+        proc: true,
+      });
       expect(caps.reason).toBeUndefined();
     } else {
-      expect(caps).toMatchObject({ pidfd: false, pidfsId: false, raceFreeSignals: false, exitInfoOfNonChildren: false });
+      expect(caps).toMatchObject({
+        pidfd: false,
+        pidfsId: false,
+        raceFreeSignals: false,
+        exitInfoOfNonChildren: false,
+      });
       expect(caps.reason).toMatch(/CUSTODY_BACKEND=js/);
     }
   });
@@ -48,35 +62,40 @@ describe(`backend selection (${backend.name})`, () => {
   });
 
   it('refuses a forced native backend it cannot provide, and a backend name it does not know', () => {
-    expect(loadWith({ CUSTODY_BACKEND: 'native', CUSTODY_ADDON_PATH: '/nonexistent/custody.node' }).error?.code).toBe('ERR_CUSTODY_UNSUPPORTED');
+    expect(loadWith({ CUSTODY_BACKEND: 'native', CUSTODY_ADDON_PATH: '/nonexistent/custody.node' }).error?.code).toBe(
+      'ERR_CUSTODY_UNSUPPORTED',
+    );
     expect(loadWith({ CUSTODY_BACKEND: 'fast' }).error?.code).toBe('ERR_CUSTODY_INVALID_ARG');
   });
 
-  it.skipIf(backend.name !== 'native')('closes every pidfd a worker thread left open when the worker goes away', async () => {
-    const count = () => readdirSync('/proc/self/fd').length;
-    const before = count();
-    const worker = new Worker(
-      `import(${JSON.stringify(dist)}).then(async (c) => {
+  it.skipIf(backend.name !== 'native')(
+    'closes every pidfd a worker thread left open when the worker goes away',
+    async () => {
+      const count = () => readdirSync('/proc/self/fd').length;
+      const before = count();
+      const worker = new Worker(
+        `import(${JSON.stringify(dist)}).then(async (c) => {
          const { parentPort } = await import('node:worker_threads');
          const kids = Array.from({ length: 5 }, () => c.spawn('sleep', ['30']));
          const opened = kids.map((k) => c.open(k.pid));
          parentPort.postMessage(kids.map((k) => k.pid));
          void opened;
        });`,
-      { eval: true, env: { ...process.env, CUSTODY_BACKEND: 'native' } },
-    );
-    const pids: number[] = await new Promise((r) => worker.once('message', r));
-    expect(count()).toBeGreaterThanOrEqual(before + 10);
-    await worker.terminate();
-    expect(count()).toBe(before);
-    // The children outlive the worker and are this process's children:
-    // nobody watches them any more, so end and reap them here.
-    const addon = (backend as NativeBackend).addon;
-    for (const pid of pids) {
-      const fd = addon.pidfdOpen(pid);
-      addon.pidfdSendSignal(fd, 9);
-      addon.waitid(fd, addon.constants.WEXITED);
-      addon.close(fd);
-    }
-  });
+        { eval: true, env: { ...process.env, CUSTODY_BACKEND: 'native' } },
+      );
+      const pids: number[] = await new Promise((r) => worker.once('message', r));
+      expect(count()).toBeGreaterThanOrEqual(before + 10);
+      await worker.terminate();
+      expect(count()).toBe(before);
+      // The children outlive the worker and are this process's children:
+      // nobody watches them any more, so end and reap them here.
+      const addon = (backend as NativeBackend).addon;
+      for (const pid of pids) {
+        const fd = addon.pidfdOpen(pid);
+        addon.pidfdSendSignal(fd, 9);
+        addon.waitid(fd, addon.constants.WEXITED);
+        addon.close(fd);
+      }
+    },
+  );
 });

@@ -209,7 +209,14 @@ describe(`instance cgroups (${backend.name})`, () => {
       args: (tok) => ['-e', `$SIG{TERM} = 'IGNORE'; sleep 60`, tok, MARKER],
     });
     // Stopped only once perl ignores TERM (bit 15 of SigIgn), however slowly it starts (a sanitizer's preload).
-    await waitFor(() => (BigInt(`0x${/SigIgn:\s*([0-9a-f]+)/.exec(readFileSync(`/proc/${inst.pid}/status`, 'utf8'))![1]}`) & (1n << 14n)) !== 0n, 10_000, 'perl to ignore SIGTERM');
+    await waitFor(
+      () =>
+        (BigInt(`0x${/SigIgn:\s*([0-9a-f]+)/.exec(readFileSync(`/proc/${inst.pid}/status`, 'utf8'))![1]}`) &
+          (1n << 14n)) !==
+        0n,
+      10_000,
+      'perl to ignore SIGTERM',
+    );
     await expect(supervisor.stop('tf', { tree: false })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
     expect(supervisor.list()[0]).toMatchObject({ status: 'running' });
     const ac = new AbortController();

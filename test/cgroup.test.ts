@@ -249,6 +249,13 @@ describe(`cgroup roots and placement (${backend.name})`, () => {
 });
 
 function withoutSanitizer(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
-  const { CUSTODY_ADDON_PATH: _a, LD_PRELOAD: _p, ASAN_OPTIONS: _o, UBSAN_OPTIONS: _u, LSAN_OPTIONS: _l, ...rest } = env;
+  const {
+    CUSTODY_ADDON_PATH: _a,
+    LD_PRELOAD: _p,
+    ASAN_OPTIONS: _o,
+    UBSAN_OPTIONS: _u,
+    LSAN_OPTIONS: _l,
+    ...rest
+  } = env;
   return rest;
 }

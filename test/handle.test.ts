@@ -3,9 +3,20 @@ import { chmodSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
-import { AbortError, capabilities, inspect, open, spawn, terminate, ProcessHandle } from '../src/index.js';
+import { AbortError, capabilities, inspect, open, spawn, terminate, type ProcessHandle } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isRoot, killAndWait, untilReady, loggedSignals, procStat, signalLoggerArgs, sleeper, tmpDir, unusedPid, waitFor } from './helpers/procs.js';
+import {
+  isRoot,
+  killAndWait,
+  untilReady,
+  loggedSignals,
+  procStat,
+  signalLoggerArgs,
+  sleeper,
+  tmpDir,
+  unusedPid,
+  waitFor,
+} from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -47,7 +58,9 @@ describe(`spawn (${backend.name})`, () => {
     try {
       chmodSync(dir.path, 0o000);
       const env = { PATH: `${dir.path}:/usr/bin:/bin` };
-      expect(() => spawn('custody-no-such-command-anywhere', [], { env })).toThrow(expect.objectContaining({ code: 'EACCES' }));
+      expect(() => spawn('custody-no-such-command-anywhere', [], { env })).toThrow(
+        expect.objectContaining({ code: 'EACCES' }),
+      );
       expect(await spawn('true', [], { env }).exited).toEqual({ code: 0, signal: null });
     } finally {
       chmodSync(dir.path, 0o700);
@@ -78,7 +91,8 @@ describe(`spawn (${backend.name})`, () => {
     try {
       const log = join(dir.path, 'out.log');
       writeFileSync(log, 'first\n');
-      await spawn('sh', ['-c', 'echo second; echo third >&2'], { stdio: ['ignore', { file: log }, { file: log }] }).exited;
+      await spawn('sh', ['-c', 'echo second; echo third >&2'], { stdio: ['ignore', { file: log }, { file: log }] })
+        .exited;
       expect(readFileSync(log, 'utf8')).toBe('first\nsecond\nthird\n');
     } finally {
       dir.cleanup();
@@ -97,7 +111,10 @@ describe(`spawn (${backend.name})`, () => {
     const h = spawn('ls', ['/proc/self/fd'], { stdio: ['ignore', 'pipe', 'ignore'] });
     const out = await readAll(h.stdout);
     await h.exited;
-    const fds = out.split('\n').filter((l) => /^\d+$/.test(l)).map(Number);
+    const fds = out
+      .split('\n')
+      .filter((l) => /^\d+$/.test(l))
+      .map(Number);
     // 0, 1, 2, plus the fd ls uses to read the directory. The native spawn
     // closes every other fd (close_range); child_process relies on CLOEXEC
     // and passes on whatever an embedding process left inheritable.
@@ -120,7 +137,7 @@ describe(`spawn (${backend.name})`, () => {
     }
   });
 
-  it('never reaps a child that Node\'s child_process owns, even with a handle open on it', async () => {
+  it("never reaps a child that Node's child_process owns, even with a handle open on it", async () => {
     const child = cpSpawn('sh', ['-c', 'exit 7'], { stdio: 'ignore' });
     const h = open(child.pid!);
     const [code] = await Promise.all([new Promise((r) => child.once('exit', (c) => r(c))), h.gone]);
@@ -189,7 +206,9 @@ describe(`open (${backend.name})`, () => {
         expect.objectContaining({ code: 'ERR_CUSTODY_IDENTITY_MISMATCH', verdict: 'mismatch', field: 'argv' }),
       );
       const { startTicks: _s, ...noTicks } = id;
-      expect(() => open(child.pid!, noTicks)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_IDENTITY_UNRECORDED', field: 'startTicks' }));
+      expect(() => open(child.pid!, noTicks)).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_IDENTITY_UNRECORDED', field: 'startTicks' }),
+      );
     } finally {
       await killAndWait(child);
     }
@@ -206,7 +225,12 @@ describe(`open (${backend.name})`, () => {
 describe(`terminate (${backend.name})`, () => {
   it('ends a process with SIGTERM', async () => {
     const h = spawn('sleep', ['30']);
-    expect(await terminate(h, { graceMs: 5000 })).toEqual({ outcome: 'exited', escalated: false, code: null, signal: 'SIGTERM' });
+    expect(await terminate(h, { graceMs: 5000 })).toEqual({
+      outcome: 'exited',
+      escalated: false,
+      code: null,
+      signal: 'SIGTERM',
+    });
   });
 
   it('escalates to SIGKILL within the bound when SIGTERM is ignored', async () => {
@@ -234,7 +258,7 @@ describe(`terminate (${backend.name})`, () => {
     expect(await terminate(h)).toEqual({ outcome: 'already-gone', escalated: false, code: 0, signal: null });
   });
 
-  it('honours the caller\'s AbortSignal', async () => {
+  it("honours the caller's AbortSignal", async () => {
     const dir = tmpDir();
     const h = spawn('python3', signalLoggerArgs(join(dir.path, 'log'), true), { stdio: ['ignore', 'pipe', 'ignore'] });
     await untilReady(h.stdout!);
@@ -261,7 +285,9 @@ describe(`terminate (${backend.name})`, () => {
       await expect(terminate({ pid: 5 } as ProcessHandle)).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
       const h = spawn('sleep', ['5']);
       await expect(terminate(h, { graceMs: -1 })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
-      await expect(terminate(h, { termSignal: 'SIGNOPE' as never })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+      await expect(terminate(h, { termSignal: 'SIGNOPE' as never })).rejects.toMatchObject({
+        code: 'ERR_CUSTODY_INVALID_ARG',
+      });
       h.signal('SIGKILL');
       await h.exited;
     } finally {

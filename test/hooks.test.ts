@@ -41,7 +41,12 @@ describe(`sync hooks (${backend.name})`, () => {
   it('a sync graceful hook is waited on like an async one: the process stops its own way', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'g.sock');
-    const inst = await ctx.supervisor.launch({ id: 'g', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    const inst = await ctx.supervisor.launch({
+      id: 'g',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket },
+    });
     let calls = 0;
     const r = await ctx.supervisor.stop('g', {
       graceMs: 5000,
@@ -60,7 +65,12 @@ describe(`sync hooks (${backend.name})`, () => {
   it('a sync graceful hook that throws is a warning, and the stop goes on', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 't.sock');
-    const inst = await ctx.supervisor.launch({ id: 't', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    const inst = await ctx.supervisor.launch({
+      id: 't',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket },
+    });
     const r = await ctx.supervisor.stop('t', {
       graceMs: 5000,
       graceful: () => {
@@ -121,32 +131,47 @@ describe(`event sinks that fail (${backend.name})`, () => {
         throw new Error('sink down');
       },
     ],
-  ])('a sink that %s never crashes the process nor orphans the target; each failure is a CUSTODY_EVENT_SINK warning', async (_how, sink) => {
-    const warnings: Error[] = [];
-    const onWarning = (w: Error) => {
-      if ((w as Error & { code?: string }).code === 'CUSTODY_EVENT_SINK') warnings.push(w);
-    };
-    process.on('warning', onWarning);
-    const dir = tmpDir();
-    // Opened directly: the test helper's own sink would hide what this one returns.
-    const { supervisor } = await Supervisor.open({ stateDir: join(dir.path, 'state'), onEvent: sink });
-    try {
-      const socket = join(dir.path, 's.sock');
-      const inst = await supervisor.launch({ id: 's', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
-      expect(await supervisor.stop('s', { graceMs: 5000 })).toMatchObject({ outcome: 'exited' });
-      expect(isGone(inst.pid)).toBe(true);
-      const ofS = () => warnings.filter((w) => /"id":"s"/.test(String((w as Error & { detail?: string }).detail)));
-      // launch, spawn, confirm, ready, running, stop: every one reported, none lost.
-      const seen = await (async () => {
-        for (let i = 0; i < 100 && ofS().length < 6; i++) await new Promise((r) => setTimeout(r, 10));
-        return ofS();
-      })();
-      expect(seen.map((w) => JSON.parse(String((w as Error & { detail?: string }).detail)).type)).toEqual(['launch', 'spawn', 'confirm', 'ready', 'running', 'stop']);
-      expect(seen[0]!.message).toMatch(/sink down/);
-    } finally {
-      process.off('warning', onWarning);
-      await supervisor.close();
-      dir.cleanup();
-    }
-  });
+  ])(
+    'a sink that %s never crashes the process nor orphans the target; each failure is a CUSTODY_EVENT_SINK warning',
+    async (_how, sink) => {
+      const warnings: Error[] = [];
+      const onWarning = (w: Error) => {
+        if ((w as Error & { code?: string }).code === 'CUSTODY_EVENT_SINK') warnings.push(w);
+      };
+      process.on('warning', onWarning);
+      const dir = tmpDir();
+      // Opened directly: the test helper's own sink would hide what this one returns.
+      const { supervisor } = await Supervisor.open({ stateDir: join(dir.path, 'state'), onEvent: sink });
+      try {
+        const socket = join(dir.path, 's.sock');
+        const inst = await supervisor.launch({
+          id: 's',
+          command: PYTHON,
+          args: (t) => vmArgs(socket, t),
+          ready: { socket },
+        });
+        expect(await supervisor.stop('s', { graceMs: 5000 })).toMatchObject({ outcome: 'exited' });
+        expect(isGone(inst.pid)).toBe(true);
+        const ofS = () => warnings.filter((w) => /"id":"s"/.test(String((w as Error & { detail?: string }).detail)));
+        // launch, spawn, confirm, ready, running, stop: every one reported, none lost.
+        const seen = await (async () => {
+          for (let i = 0; i < 100 && ofS().length < 6; i++) await new Promise((r) => setTimeout(r, 10));
+          return ofS();
+        })();
+        expect(seen.map((w) => JSON.parse(String((w as Error & { detail?: string }).detail)).type)).toEqual([
+          'launch',
+          'spawn',
+          'confirm',
+          'ready',
+          'running',
+          'stop',
+        ]);
+        expect(seen[0]!.message).toMatch(/sink down/);
+      } finally {
+        process.off('warning', onWarning);
+        await supervisor.close();
+        dir.cleanup();
+      }
+    },
+  );
 });

@@ -43,7 +43,8 @@ const exeOf = (path: string) => {
   const st = statSync(path);
   return { dev: st.dev, ino: st.ino };
 };
-const sameExe = (a: ProcessIdentity['exe'], b: { dev: number; ino: number }) => a !== null && a.dev === b.dev && a.ino === b.ino;
+const sameExe = (a: ProcessIdentity['exe'], b: { dev: number; ino: number }) =>
+  a !== null && a.dev === b.dev && a.ino === b.ino;
 
 describe(`exec is a seam (${backend.name})`, () => {
   it('every inspection of a launcher caught exec-ing at a random instant is all launcher or all target', async () => {
@@ -110,10 +111,21 @@ describe(`exec is a seam (${backend.name})`, () => {
 });
 
 /** Runs the namespace fixture under unshare; returns the child and a reader of its JSON lines. */
-function inNamespace(args: string[], mountProc: boolean): { child: ChildProcess; next: () => Promise<Record<string, unknown>> } {
+function inNamespace(
+  args: string[],
+  mountProc: boolean,
+): { child: ChildProcess; next: () => Promise<Record<string, unknown>> } {
   const child = cpSpawn(
     'unshare',
-    ['--pid', '--fork', '--kill-child', ...(mountProc ? ['--mount', '--mount-proc'] : []), process.execPath, join(FIXTURES, 'ns-identity.mjs'), ...args],
+    [
+      '--pid',
+      '--fork',
+      '--kill-child',
+      ...(mountProc ? ['--mount', '--mount-proc'] : []),
+      process.execPath,
+      join(FIXTURES, 'ns-identity.mjs'),
+      ...args,
+    ],
     { stdio: ['pipe', 'pipe', 'inherit'] },
   );
   const lines: string[] = [];
@@ -175,7 +187,9 @@ describe.runIf(isRoot)(`pid namespaces (${backend.name})`, () => {
       const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
       try {
         expect(report.cleaned).toEqual([]);
-        expect(report.quarantined).toEqual([expect.objectContaining({ id: 'vm', reason: 'unprovable', field: 'pidNs' })]);
+        expect(report.quarantined).toEqual([
+          expect.objectContaining({ id: 'vm', reason: 'unprovable', field: 'pidNs' }),
+        ]);
         expect(existsSync(sock)).toBe(true);
         await expect(supervisor.stop('vm')).rejects.toMatchObject({ code: 'ERR_CUSTODY_QUARANTINED' });
       } finally {
@@ -207,7 +221,9 @@ describe(`threads (${backend.name})`, () => {
       expect(id.exe).toEqual(exeOf(leaderExit));
       expect(verify(id)).toEqual({ verdict: 'ok' });
       const tid = Number(readdirSync(`/proc/${child.pid}/task`).find((t) => t !== String(child.pid)));
-      expect(() => inspect(tid)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_NOT_A_PROCESS', tgid: child.pid }));
+      expect(() => inspect(tid)).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_NOT_A_PROCESS', tgid: child.pid }),
+      );
       expect(() => open(tid)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_NOT_A_PROCESS' }));
       const h = open(child.pid!);
       try {
@@ -224,7 +240,12 @@ describe(`threads (${backend.name})`, () => {
     const ctx = await openSupervisor();
     try {
       // The token rides as an extra argument, which the program ignores.
-      const inst = await ctx.supervisor.launch({ id: 'mt', command: leaderExit, args: (t) => [t], confirmTimeoutMs: 500 });
+      const inst = await ctx.supervisor.launch({
+        id: 'mt',
+        command: leaderExit,
+        args: (t) => [t],
+        confirmTimeoutMs: 500,
+      });
       await waitFor(() => leaderIsZombie(inst.pid), 5000, 'the leader to exit');
       // Longer than the js exit poller's period: it must not take the zombie leader for an exit.
       await new Promise((r) => setTimeout(r, 300));
@@ -239,7 +260,9 @@ describe(`threads (${backend.name})`, () => {
         try {
           await waitFor(() => readdirSync(`/proc/${other.pid}/task`).length > 1, 5000, 'the worker thread');
           const tid = Number(readdirSync(`/proc/${other.pid}/task`).find((t) => t !== String(other.pid)));
-          await expect(supervisor.launch({ id: 'tid', command: PERL, args: (t) => ['-e', 'sleep 5', '--', t], pid: () => tid })).rejects.toMatchObject({
+          await expect(
+            supervisor.launch({ id: 'tid', command: PERL, args: (t) => ['-e', 'sleep 5', '--', t], pid: () => tid }),
+          ).rejects.toMatchObject({
             code: 'ERR_CUSTODY_NOT_A_PROCESS',
           });
         } finally {
@@ -257,15 +280,29 @@ describe(`threads (${backend.name})`, () => {
 describe(`argv is bytes (${backend.name})`, () => {
   /** A perl that re-execs itself with the given bytes as its last arguments, so argv holds exactly those bytes. */
   const withBytes = (args: Buffer[]) =>
-    cpSpawn(PERL, ['-e', 'exec {$^X} $^X, "-e", "sleep 30", "--", map { pack "H*", $_ } @ARGV', ...args.map((a) => a.toString('hex'))], { stdio: 'ignore' });
+    cpSpawn(
+      PERL,
+      [
+        '-e',
+        'exec {$^X} $^X, "-e", "sleep 30", "--", map { pack "H*", $_ } @ARGV',
+        ...args.map((a) => a.toString('hex')),
+      ],
+      { stdio: 'ignore' },
+    );
   const settled = async (child: ChildProcess, argc: number) =>
-    waitFor(() => {
-      const id = inspect(child.pid!);
-      return id.argv.length === argc && id.argv[2] === 'sleep 30' ? id : null;
-    }, 5000, 'the re-exec');
+    waitFor(
+      () => {
+        const id = inspect(child.pid!);
+        return id.argv.length === argc && id.argv[2] === 'sleep 30' ? id : null;
+      },
+      5000,
+      'the re-exec',
+    );
 
   it('random byte argv reads back byte-identical, decodes as the addon decodes it, and round-trips a manifest', async () => {
-    const arg = fc.uint8Array({ minLength: 0, maxLength: 12 }).map((a) => Buffer.from(a.map((b) => (b === 0 ? 0xff : b))));
+    const arg = fc
+      .uint8Array({ minLength: 0, maxLength: 12 })
+      .map((a) => Buffer.from(a.map((b) => (b === 0 ? 0xff : b))));
     await fc.assert(
       fc.asyncProperty(fc.array(arg, { minLength: 1, maxLength: 5 }), async (args) => {
         const child = withBytes(args);
@@ -293,13 +330,16 @@ describe(`argv is bytes (${backend.name})`, () => {
       await Promise.all(kids.map((k) => settled(k, 5)));
       const pids = kids.map((k) => k.pid);
       const prefix = [PERL, '-e', 'sleep 30', '--'];
-      const matched = async (last: string | Buffer) => (await sweep({ argv: [...prefix, last], dryRun: true })).matched.map((m) => m.pid);
+      const matched = async (last: string | Buffer) =>
+        (await sweep({ argv: [...prefix, last], dryRun: true })).matched.map((m) => m.pid);
       expect(await matched(invalid)).toEqual([pids[0]]);
       expect(await matched('vm\udcff')).toEqual([pids[0]]);
       expect(await matched('vm\ufffd')).toEqual([pids[1]]);
       expect(await matched('vm-café')).toEqual([pids[2]]);
       expect(displayArg(inspect(pids[0]!).argv[4]!)).toBe('vm\\xff');
-      await expect(sweep({ argv: [...prefix, 'vm\ud800'], dryRun: true })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+      await expect(sweep({ argv: [...prefix, 'vm\ud800'], dryRun: true })).rejects.toMatchObject({
+        code: 'ERR_CUSTODY_INVALID_ARG',
+      });
     } finally {
       await Promise.all(kids.map(killAndWait));
     }
@@ -311,7 +351,11 @@ describe(`numbers (${backend.name})`, () => {
     expect(() => inspect(2 ** 32 + process.pid)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
     expect(() => open(2 ** 32 + process.pid)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
     const raw = createRequire(import.meta.url)('node-gyp-build')(packageRoot);
-    for (const call of [() => raw.pidfdOpen(2 ** 32 + process.pid), () => raw.inspect(2 ** 32 + process.pid), () => raw.close(2 ** 31)]) {
+    for (const call of [
+      () => raw.pidfdOpen(2 ** 32 + process.pid),
+      () => raw.inspect(2 ** 32 + process.pid),
+      () => raw.close(2 ** 31),
+    ]) {
       expect(call).toThrow(expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }));
     }
   });
@@ -341,10 +385,14 @@ describe(`numbers (${backend.name})`, () => {
 
 /** Runs the exhaustion fixture under a small fd limit with `free` fds left; returns its JSON line. */
 function exhausted(mode: 'sweep' | 'recover', free: number, arg: string): Record<string, unknown> {
-  const out = execFileSync('sh', ['-c', `ulimit -n 96 && exec "$@"`, 'sh', process.execPath, join(FIXTURES, 'exhaust.mjs'), mode, String(free), arg], {
-    encoding: 'utf8',
-    timeout: 30_000,
-  });
+  const out = execFileSync(
+    'sh',
+    ['-c', `ulimit -n 96 && exec "$@"`, 'sh', process.execPath, join(FIXTURES, 'exhaust.mjs'), mode, String(free), arg],
+    {
+      encoding: 'utf8',
+      timeout: 30_000,
+    },
+  );
   return JSON.parse(out.trim().split('\n').pop()!);
 }
 
@@ -353,7 +401,9 @@ describe(`exhaustion is an error, not an answer (${backend.name})`, () => {
     const child = cpSpawn(PERL, ['-e', 'sleep 30', '--', 'exhaust-sweep-target'], { stdio: 'ignore' });
     try {
       await waitFor(() => inspect(child.pid!).argv.length === 5, 5000, 'perl to start');
-      const results = [0, 1, 2, 3, 4].map((free) => exhausted('sweep', free, JSON.stringify([PERL, '-e', 'sleep 30', '--', 'exhaust-sweep-target'])));
+      const results = [0, 1, 2, 3, 4].map((free) =>
+        exhausted('sweep', free, JSON.stringify([PERL, '-e', 'sleep 30', '--', 'exhaust-sweep-target'])),
+      );
       for (const r of results) {
         if (r.error === undefined) expect(r.matched).toEqual([child.pid]);
         else expect(r.error).toMatch(/^(EMFILE|ENFILE)$/);
@@ -371,7 +421,12 @@ describe(`exhaustion is an error, not an answer (${backend.name})`, () => {
       await ctx.supervisor.close();
       let deferred = 0;
       for (const free of [1, 2, 3, 4, 5, 6]) {
-        const r = exhausted('recover', free, ctx.stateDir) as { error?: string; report?: Record<string, Array<{ id: string }>>; launch?: string; again?: Record<string, string[]> };
+        const r = exhausted('recover', free, ctx.stateDir) as {
+          error?: string;
+          report?: Record<string, Array<{ id: string }>>;
+          launch?: string;
+          again?: Record<string, string[]>;
+        };
         expect(existsSync(join(ctx.stateDir, 'vm', 'manifest.json'))).toBe(true);
         expect(procStat(inst.pid)?.[0]).toMatch(/^[RS]$/);
         if (r.error !== undefined) {
@@ -419,11 +474,19 @@ describe(`the parent is read live (${backend.name})`, () => {
         executable: PERL,
       });
       const recordedParent = inst.identity.ppid;
-      await waitFor(() => procStat(recordedParent) === null || procStat(recordedParent)?.[0] === 'Z', 5000, 'the launcher to exit');
-      const live = await waitFor(() => {
-        const p = ctx.supervisor.list()[0]?.ppid;
-        return p !== undefined && p !== null && p !== recordedParent ? p : null;
-      }, 5000, 'the re-parenting');
+      await waitFor(
+        () => procStat(recordedParent) === null || procStat(recordedParent)?.[0] === 'Z',
+        5000,
+        'the launcher to exit',
+      );
+      const live = await waitFor(
+        () => {
+          const p = ctx.supervisor.list()[0]?.ppid;
+          return p !== undefined && p !== null && p !== recordedParent ? p : null;
+        },
+        5000,
+        'the re-parenting',
+      );
       expect(live).toBe(Number(procStat(inst.pid)![1]));
     } finally {
       await ctx.dispose();

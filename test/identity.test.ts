@@ -15,11 +15,17 @@ describe(`inspect (${backend.name})`, () => {
     try {
       await waitFor(() => procStat(child.pid!)?.[0] === 'S', 5000, 'sleep to start');
       const id = inspect(child.pid!);
-      const ps = execFileSync('ps', ['-o', 'ppid=,ruid=,stat=', '-p', String(child.pid)], { encoding: 'utf8' }).trim().split(/\s+/);
-      const exe = execFileSync('stat', ['-L', '-c', '%d %i', `/proc/${child.pid}/exe`], { encoding: 'utf8' }).trim().split(' ');
+      const ps = execFileSync('ps', ['-o', 'ppid=,ruid=,stat=', '-p', String(child.pid)], { encoding: 'utf8' })
+        .trim()
+        .split(/\s+/);
+      const exe = execFileSync('stat', ['-L', '-c', '%d %i', `/proc/${child.pid}/exe`], { encoding: 'utf8' })
+        .trim()
+        .split(' ');
       const cmdline = readFileSync(`/proc/${child.pid}/cmdline`, 'utf8');
       const boot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
-      const starttime = execFileSync('sh', ['-c', `cut -d')' -f2- /proc/${child.pid}/stat | awk '{print $20}'`], { encoding: 'utf8' }).trim();
+      const starttime = execFileSync('sh', ['-c', `cut -d')' -f2- /proc/${child.pid}/stat | awk '{print $20}'`], {
+        encoding: 'utf8',
+      }).trim();
       expect(id.pid).toBe(child.pid);
       expect(id.ppid).toBe(Number(ps[0]));
       expect(id.uid).toBe(Number(ps[1]));
@@ -65,9 +71,12 @@ describe(`inspect (${backend.name})`, () => {
     expect(() => inspect(unusedPid())).toThrow(expect.objectContaining({ code: 'ESRCH' }));
   });
 
-  it.each([0, -1, 1.5, Number.NaN, Infinity, 2 ** 31, '12', null, undefined])('refuses pid %s with ERR_CUSTODY_INVALID_ARG', (bad) => {
-    expect(() => inspect(bad as number)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
-  });
+  it.each([0, -1, 1.5, Number.NaN, Infinity, 2 ** 31, '12', null, undefined])(
+    'refuses pid %s with ERR_CUSTODY_INVALID_ARG',
+    (bad) => {
+      expect(() => inspect(bad as number)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
+    },
+  );
 
   it('discards the reads of a process that died mid-read (ESRCH, never a mixed identity)', async () => {
     // A proc root we control, whose stat is a FIFO: the read blocks until the
@@ -148,7 +157,10 @@ describe(`verify (${backend.name})`, () => {
 
   it('rebooted when the boot id differs', async () => {
     const { id } = await live();
-    expect(verify({ ...id, bootId: '00000000-0000-0000-0000-000000000000' })).toEqual({ verdict: 'rebooted', field: 'bootId' });
+    expect(verify({ ...id, bootId: '00000000-0000-0000-0000-000000000000' })).toEqual({
+      verdict: 'rebooted',
+      field: 'bootId',
+    });
   });
 
   it('unrecorded, naming the field, when bootId or startTicks was never recorded', async () => {
@@ -164,7 +176,10 @@ describe(`verify (${backend.name})`, () => {
     expect(verify({ ...id, startTicks: id.startTicks - 1 })).toEqual({ verdict: 'reused', field: 'startTicks' });
     if (id.pidfsId) {
       // Same start ticks (a reuse within one clock tick) and only the pidfs id tells.
-      expect(verify({ ...id, pidfsId: String(BigInt(id.pidfsId) + 1n) })).toEqual({ verdict: 'reused', field: 'pidfsId' });
+      expect(verify({ ...id, pidfsId: String(BigInt(id.pidfsId) + 1n) })).toEqual({
+        verdict: 'reused',
+        field: 'pidfsId',
+      });
     }
   });
 
@@ -179,7 +194,9 @@ describe(`verify (${backend.name})`, () => {
   });
 
   it('mismatch on argv when the same program is exec()d with other arguments', async () => {
-    const child = cpSpawn('sh', ['-c', 'read line; exec sh -c "read more" second'], { stdio: ['pipe', 'ignore', 'ignore'] });
+    const child = cpSpawn('sh', ['-c', 'read line; exec sh -c "read more" second'], {
+      stdio: ['pipe', 'ignore', 'ignore'],
+    });
     children.push(child);
     await waitFor(() => procStat(child.pid!)?.[0] === 'S', 5000, 'sh');
     const before = inspect(child.pid!);

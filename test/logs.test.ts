@@ -1,6 +1,19 @@
 // Instance logs: by default, per instance, private, capped, kept after stop.
 import { execFileSync } from 'node:child_process';
-import { appendFileSync, closeSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, symlinkSync, truncateSync, utimesSync, writeFileSync } from 'node:fs';
+import {
+  appendFileSync,
+  closeSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  statSync,
+  symlinkSync,
+  truncateSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
@@ -42,12 +55,23 @@ describe(`logs by default (${backend.name})`, () => {
   it('stdout and stderr go to <stateDir>/.logs/<id>/, private, and stay after stop', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'vm.sock');
-    await ctx.supervisor.launch({ id: 'vm', command: PYTHON, args: (t) => ['-c', CHATTY, 'hello out', 'hello err', ...vmArgs(socket, t)], ready: { socket } });
+    await ctx.supervisor.launch({
+      id: 'vm',
+      command: PYTHON,
+      args: (t) => ['-c', CHATTY, 'hello out', 'hello err', ...vmArgs(socket, t)],
+      ready: { socket },
+    });
     const files = logPaths(ctx.stateDir, 'vm');
     expect(files.dir).toBe(join(ctx.stateDir, '.logs', 'vm'));
-    await waitFor(() => existsSync(files.stderr) && readFileSync(files.stderr, 'utf8').includes('hello err'), 5000, 'stderr log');
+    await waitFor(
+      () => existsSync(files.stderr) && readFileSync(files.stderr, 'utf8').includes('hello err'),
+      5000,
+      'stderr log',
+    );
     expect(readFileSync(files.stdout, 'utf8')).toBe('hello out\n');
-    expect([mode(join(ctx.stateDir, '.logs')), mode(files.dir), mode(files.stdout), mode(files.stderr)]).toEqual([0o700, 0o700, 0o600, 0o600]);
+    expect([mode(join(ctx.stateDir, '.logs')), mode(files.dir), mode(files.stdout), mode(files.stderr)]).toEqual([
+      0o700, 0o700, 0o600, 0o600,
+    ]);
     await ctx.supervisor.stop('vm', { graceMs: 5000 });
     // Post-mortem: the instance's state is gone, its logs are not.
     expect(existsSync(join(ctx.stateDir, 'vm'))).toBe(false);
@@ -58,12 +82,24 @@ describe(`logs by default (${backend.name})`, () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'f.sock');
     const files = logPaths(ctx.stateDir, 'f');
-    await expect(ctx.supervisor.launch({ id: 'f', command: PYTHON, args: (t) => vmArgs(socket, t, ['--fail-before-socket', '3']), ready: { socket } })).rejects.toMatchObject({
+    await expect(
+      ctx.supervisor.launch({
+        id: 'f',
+        command: PYTHON,
+        args: (t) => vmArgs(socket, t, ['--fail-before-socket', '3']),
+        ready: { socket },
+      }),
+    ).rejects.toMatchObject({
       code: 'ERR_CUSTODY_LAUNCH_EXITED',
       exitCode: 3,
       stderrTail: 'fake-vm: cannot open disk image\n',
     });
-    const inst = await ctx.supervisor.launch({ id: 'f', command: PYTHON, args: (t) => ['-c', CHATTY, 'second out', 'second err', ...vmArgs(socket, t)], ready: { socket } });
+    const inst = await ctx.supervisor.launch({
+      id: 'f',
+      command: PYTHON,
+      args: (t) => ['-c', CHATTY, 'second out', 'second err', ...vmArgs(socket, t)],
+      ready: { socket },
+    });
     await waitFor(() => readFileSync(files.stderr, 'utf8').includes('second err'), 5000, 'second run');
     expect(readFileSync(files.stderr, 'utf8')).toBe('second err\n');
     expect(readFileSync(`${files.stderr}.1`, 'utf8')).toBe('fake-vm: cannot open disk image\n');
@@ -72,36 +108,72 @@ describe(`logs by default (${backend.name})`, () => {
     // keep: 0 keeps no generation; keep: 2 keeps two.
     for (let i = 0; i < 3; i++) {
       await expect(
-        ctx.supervisor.launch({ id: 'f', command: 'sh', args: (t) => ['-c', `echo run ${i} >&2; exit 1`, t], logs: { keep: 2 }, ready: never() }),
+        ctx.supervisor.launch({
+          id: 'f',
+          command: 'sh',
+          args: (t) => ['-c', `echo run ${i} >&2; exit 1`, t],
+          logs: { keep: 2 },
+          ready: never(),
+        }),
       ).rejects.toMatchObject({ stderrTail: `run ${i}\n` });
     }
-    expect([readFileSync(`${files.stderr}.1`, 'utf8'), readFileSync(`${files.stderr}.2`, 'utf8')]).toEqual(['run 1\n', 'run 0\n']);
-    await expect(ctx.supervisor.launch({ id: 'f', command: 'sh', args: (t) => ['-c', 'exit 1', t], logs: { keep: 0 }, ready: never() })).rejects.toMatchObject({ stderrTail: undefined });
+    expect([readFileSync(`${files.stderr}.1`, 'utf8'), readFileSync(`${files.stderr}.2`, 'utf8')]).toEqual([
+      'run 1\n',
+      'run 0\n',
+    ]);
+    await expect(
+      ctx.supervisor.launch({
+        id: 'f',
+        command: 'sh',
+        args: (t) => ['-c', 'exit 1', t],
+        logs: { keep: 0 },
+        ready: never(),
+      }),
+    ).rejects.toMatchObject({ stderrTail: undefined });
     // Generations past keep go too.
     expect(readdirSync(files.dir).sort()).toEqual(['stderr.log', 'stdout.log']);
   });
 
-  it('logs: false writes nothing; stdio given keeps its meaning; \'pipe\' still keeps a tail', async () => {
+  it("logs: false writes nothing; stdio given keeps its meaning; 'pipe' still keeps a tail", async () => {
     ctx = await openSupervisor();
     // Exits after a pause, so that even a pipe's tail has arrived.
     const fail = (t: string) => ['-c', 'echo from the shell >&2; sleep 0.2; exit 2', t];
     const ready = never();
-    await expect(ctx.supervisor.launch({ id: 'quiet', command: 'sh', args: fail, logs: false, ready })).rejects.toMatchObject({ exitCode: 2, stderrTail: undefined });
+    await expect(
+      ctx.supervisor.launch({ id: 'quiet', command: 'sh', args: fail, logs: false, ready }),
+    ).rejects.toMatchObject({ exitCode: 2, stderrTail: undefined });
     expect(existsSync(logPaths(ctx.stateDir, 'quiet').dir)).toBe(false);
-    await expect(ctx.supervisor.launch({ id: 'piped', command: 'sh', args: fail, stderr: 'pipe', ready })).rejects.toMatchObject({ stderrTail: 'from the shell\n' });
+    await expect(
+      ctx.supervisor.launch({ id: 'piped', command: 'sh', args: fail, stderr: 'pipe', ready }),
+    ).rejects.toMatchObject({ stderrTail: 'from the shell\n' });
     const own = join(ctx.root, 'own.log');
-    await expect(ctx.supervisor.launch({ id: 'own', command: 'sh', args: fail, stderr: { file: own }, ready })).rejects.toMatchObject({ stderrTail: 'from the shell\n' });
+    await expect(
+      ctx.supervisor.launch({ id: 'own', command: 'sh', args: fail, stderr: { file: own }, ready }),
+    ).rejects.toMatchObject({ stderrTail: 'from the shell\n' });
     // stdout given, stderr not: only stderr goes to the instance log.
-    await expect(ctx.supervisor.launch({ id: 'half', command: 'sh', args: (t) => ['-c', 'echo out; echo err >&2; exit 2', t], stdout: 'ignore', ready })).rejects.toMatchObject({ stderrTail: 'err\n' });
+    await expect(
+      ctx.supervisor.launch({
+        id: 'half',
+        command: 'sh',
+        args: (t) => ['-c', 'echo out; echo err >&2; exit 2', t],
+        stdout: 'ignore',
+        ready,
+      }),
+    ).rejects.toMatchObject({ stderrTail: 'err\n' });
     expect(readdirSync(logPaths(ctx.stateDir, 'half').dir)).toEqual(['stderr.log']);
-    await expect(ctx.supervisor.launch({ id: 'bad', command: 'sh', args: fail, logs: { maxBytes: 0 } })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
-    await expect(ctx.supervisor.launch({ id: 'bad', command: 'sh', args: fail, logs: { keep: 10 } })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await expect(
+      ctx.supervisor.launch({ id: 'bad', command: 'sh', args: fail, logs: { maxBytes: 0 } }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await expect(
+      ctx.supervisor.launch({ id: 'bad', command: 'sh', args: fail, logs: { keep: 10 } }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
   });
 
   it('a daemon keeps writing to its log after the supervisor is gone (no pipe, no EPIPE), and is adopted later', async () => {
     const root = scratch();
     const stateDir = join(root, 'state');
-    const writer = 'import sys, time\nwhile True:\n    sys.stderr.write("tick\\n"); sys.stderr.flush(); time.sleep(0.02)';
+    const writer =
+      'import sys, time\nwhile True:\n    sys.stderr.write("tick\\n"); sys.stderr.flush(); time.sleep(0.02)';
     const first = await Supervisor.open({ stateDir, onEvent: () => {} });
     const inst = await first.supervisor.launch({ id: 'd', command: PYTHON, args: (t) => ['-c', writer, t, MARKER] });
     await first.supervisor.close();
@@ -123,12 +195,21 @@ describe(`log paths that are not regular files (${backend.name})`, () => {
     execFileSync('mkfifo', [join(d, 'fifo')]);
     symlinkSync('/dev/null', join(d, 'link'));
     for (const name of ['fifo', 'link']) {
-      expect(() => spawn('true', [], { stdio: ['ignore', { file: join(d, name) }, 'ignore'] })).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_LOG' }));
+      expect(() => spawn('true', [], { stdio: ['ignore', { file: join(d, name) }, 'ignore'] })).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_BAD_LOG' }),
+      );
       expect(() => openAppend(join(d, name))).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_LOG' }));
       expect(() => readLogTail(join(d, name))).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_LOG' }));
     }
     ctx = await openSupervisor();
-    await expect(ctx.supervisor.launch({ id: 'ff', command: 'sh', args: (t) => ['-c', 'sleep 300', t, MARKER], stderr: { file: join(d, 'fifo') } })).rejects.toMatchObject({
+    await expect(
+      ctx.supervisor.launch({
+        id: 'ff',
+        command: 'sh',
+        args: (t) => ['-c', 'sleep 300', t, MARKER],
+        stderr: { file: join(d, 'fifo') },
+      }),
+    ).rejects.toMatchObject({
       code: 'ERR_CUSTODY_BAD_LOG',
     });
     expect(processesWithMarker(MARKER)).toEqual([]);
@@ -141,7 +222,9 @@ describe(`log paths that are not regular files (${backend.name})`, () => {
     mkdirSync(elsewhere);
     mkdirSync(join(ctx.stateDir, '.logs'), { mode: 0o700 });
     symlinkSync(elsewhere, join(ctx.stateDir, '.logs', 'x'));
-    await expect(ctx.supervisor.launch({ id: 'x', command: 'sh', args: (t) => ['-c', 'sleep 300', t, MARKER] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_BAD_LOG' });
+    await expect(
+      ctx.supervisor.launch({ id: 'x', command: 'sh', args: (t) => ['-c', 'sleep 300', t, MARKER] }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_BAD_LOG' });
     expect(readdirSync(elsewhere)).toEqual([]);
     expect(existsSync(join(ctx.stateDir, 'x'))).toBe(false);
     expect(processesWithMarker(MARKER)).toEqual([]);
@@ -192,7 +275,15 @@ describe(`the cap (${backend.name})`, () => {
   it('copy and truncate in place: the last maxBytes go to .1, and an O_APPEND writer goes on at the new end', async () => {
     const f = join(scratch(), 'c.log');
     const fd = openAppend(f);
-    const h = spawn(PYTHON, ['-c', 'import sys, time\nfor i in range(100000):\n    print("line %06d" % i, flush=True); time.sleep(0.001)', MARKER], { stdio: ['ignore', { fd }, 'ignore'] });
+    const h = spawn(
+      PYTHON,
+      [
+        '-c',
+        'import sys, time\nfor i in range(100000):\n    print("line %06d" % i, flush=True); time.sleep(0.001)',
+        MARKER,
+      ],
+      { stdio: ['ignore', { fd }, 'ignore'] },
+    );
     closeSync(fd);
     cleanups.push(async () => (h.signal('SIGKILL'), await h.exited));
     await waitFor(() => statSync(f).size > 2000, 5000, 'output');
@@ -204,19 +295,37 @@ describe(`the cap (${backend.name})`, () => {
     // No hole of NULs where the old content was: the writer appends at the new end.
     expect(after.includes('\0')).toBe(false);
     // Each write is a whole line, before or after the truncation, never torn by it.
-    expect(after.endsWith('\n') && after.split('\n').slice(0, -1).every((l) => /^line \d{6}$/.test(l))).toBe(true);
+    expect(
+      after.endsWith('\n') &&
+        after
+          .split('\n')
+          .slice(0, -1)
+          .every((l) => /^line \d{6}$/.test(l)),
+    ).toBe(true);
     expect(await capLog(f, 1 << 20, 1)).toBe(false);
     expect(await capLog(join(scratch(), 'absent'), 10, 1)).toBe(false);
   });
 
-  it('a running instance\'s log is held under its cap by the periodic check', async () => {
+  it("a running instance's log is held under its cap by the periodic check", async () => {
     const stateDir = scratch();
     const events: string[] = [];
-    const logs = new InstanceLogs(stateDir, { report: (type, f) => events.push(`${type}: ${f.message}`), live: () => [], checkMs: 20 });
+    const logs = new InstanceLogs(stateDir, {
+      report: (type, f) => events.push(`${type}: ${f.message}`),
+      live: () => [],
+      checkMs: 20,
+    });
     cleanups.push(() => logs.close());
     const files = logs.prepare('chatty', { maxBytes: 4096, keep: 1 })!;
     const fd = openAppend(files.stderr);
-    const h = spawn(PYTHON, ['-c', 'import sys, time\nwhile True:\n    sys.stderr.write("x" * 99 + "\\n"); sys.stderr.flush(); time.sleep(0.0005)', MARKER], { stdio: ['ignore', 'ignore', { fd }] });
+    const h = spawn(
+      PYTHON,
+      [
+        '-c',
+        'import sys, time\nwhile True:\n    sys.stderr.write("x" * 99 + "\\n"); sys.stderr.flush(); time.sleep(0.0005)',
+        MARKER,
+      ],
+      { stdio: ['ignore', 'ignore', { fd }] },
+    );
     closeSync(fd);
     cleanups.push(async () => (h.signal('SIGKILL'), await h.exited));
     void logs.watch('chatty', h.gone);
@@ -229,13 +338,17 @@ describe(`the cap (${backend.name})`, () => {
     }
     expect(Math.min(...sizes)).toBeLessThan(64 * 1024);
     // The rotated generation is replaced at every check: read it between two.
-    await waitFor(() => {
-      try {
-        return statSync(`${files.stderr}.1`).size === 4096;
-      } catch {
-        return false;
-      }
-    }, 5000, 'a whole rotated generation');
+    await waitFor(
+      () => {
+        try {
+          return statSync(`${files.stderr}.1`).size === 4096;
+        } catch {
+          return false;
+        }
+      },
+      5000,
+      'a whole rotated generation',
+    );
     expect(events).toEqual([]);
   });
 
@@ -243,7 +356,11 @@ describe(`the cap (${backend.name})`, () => {
     const root = scratch();
     const stateDir = join(root, 'state');
     const first = await Supervisor.open({ stateDir, onEvent: () => {} });
-    const inst = await first.supervisor.launch({ id: 'big', command: PYTHON, args: (t) => ['-c', 'import time; time.sleep(300)', t, MARKER] });
+    const inst = await first.supervisor.launch({
+      id: 'big',
+      command: PYTHON,
+      args: (t) => ['-c', 'import time; time.sleep(300)', t, MARKER],
+    });
     await first.supervisor.close();
     const { stderr } = logPaths(stateDir, 'big');
     appendFileSync(stderr, Buffer.alloc(9 << 20, 0x61));
@@ -266,7 +383,7 @@ describe(`the cap (${backend.name})`, () => {
       const { dir, stderr } = logPaths(stateDir, id);
       mkdirSync(dir, { recursive: true });
       writeFileSync(stderr, 'x\n');
-      if (id.endsWith('old')) (utimesSync(stderr, old, old), utimesSync(dir, old, old));
+      if (id.endsWith('old')) utimesSync(stderr, old, old), utimesSync(dir, old, old);
     }
     symlinkSync('/etc', join(stateDir, '.logs', 'linked'));
     expect(pruneLogs(stateDir, new Set(['live-old']))).toEqual(['gone-old']);

@@ -34,7 +34,9 @@ function decoy(log: string, token: string, uid?: number): ChildProcess {
   const child =
     uid === undefined
       ? cpSpawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'pipe', 'ignore'] })
-      : cpSpawn('setpriv', [`--reuid=${uid}`, `--regid=${uid}`, '--clear-groups', ...argv], { stdio: ['ignore', 'pipe', 'ignore'] });
+      : cpSpawn('setpriv', [`--reuid=${uid}`, `--regid=${uid}`, '--clear-groups', ...argv], {
+          stdio: ['ignore', 'pipe', 'ignore'],
+        });
   strangers.push(child);
   return child;
 }
@@ -137,7 +139,11 @@ describe(`ownership rule (${backend.name})`, () => {
 
   it("stop() ends the instance's children, not just its main process", async () => {
     ctx = await openSupervisor();
-    const inst = await ctx.supervisor.launch({ id: 'sh', command: '/bin/sh', args: (t) => ['-c', `${PERL} -e 'sleep 30' -- ${MARKER}; true`, t] });
+    const inst = await ctx.supervisor.launch({
+      id: 'sh',
+      command: '/bin/sh',
+      args: (t) => ['-c', `${PERL} -e 'sleep 30' -- ${MARKER}; true`, t],
+    });
     const child = await waitFor(() => backend.children(inst.pid)[0], 5000, 'the child');
     await ctx.supervisor.stop('sh', { graceMs: 2000 });
     await waitFor(() => isGone(child), 5000, 'the child to be ended');
@@ -149,7 +155,11 @@ describe(`ownership rule (${backend.name})`, () => {
     const trials = SOAK ? 50 : 5;
     const forker = `$SIG{TERM} = 'IGNORE'; my $end = time + 5; while (time < $end) { if (!fork) { sleep 5; exit } select(undef, undef, undef, 0.01) }`;
     for (let i = 0; i < trials; i++) {
-      const inst = await ctx.supervisor.launch({ id: `f${i}`, command: PERL, args: (t) => ['-e', forker, '--', t, MARKER] });
+      const inst = await ctx.supervisor.launch({
+        id: `f${i}`,
+        command: PERL,
+        args: (t) => ['-e', forker, '--', t, MARKER],
+      });
       await waitFor(() => backend.children(inst.pid).length >= 5, 5000, 'a brood');
       const r = await ctx.supervisor.stop(`f${i}`, { graceMs: 100 });
       expect(r.escalated).toBe(true);
@@ -174,13 +184,17 @@ describe(`ownership rule (${backend.name})`, () => {
         confirmTimeoutMs: 10000 });`;
     const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
     strangers.push(holder);
-    const token = await waitFor(() => {
-      try {
-        return readFileSync(join(dir, 'token'), 'utf8') || null;
-      } catch {
-        return null;
-      }
-    }, 10_000, 'the launch to start');
+    const token = await waitFor(
+      () => {
+        try {
+          return readFileSync(join(dir, 'token'), 'utf8') || null;
+        } catch {
+          return null;
+        }
+      },
+      10_000,
+      'the launch to start',
+    );
     writeFileSync(join(dir, `vm-${token}.log`), '');
     const tail = cpSpawn('tail', ['-f', join(dir, `vm-${token}.log`), MARKER], { stdio: 'ignore' });
     strangers.push(tail);
@@ -200,18 +214,21 @@ describe(`ownership rule (${backend.name})`, () => {
     }
   }, 30_000);
 
-  it.runIf(backend.name === 'native')('subreaper is reference-counted across supervisors and off again after the last close', async () => {
-    // Through the backend's own addon: loading another copy (a sanitizer run's) would open its own fds.
-    const addon = { getChildSubreaper: () => backend.childSubreaper() };
-    expect(addon.getChildSubreaper()).toBe(false);
-    const a = await openSupervisor({ subreaper: true });
-    const b = await openSupervisor({ subreaper: true });
-    expect(addon.getChildSubreaper()).toBe(true);
-    await a.dispose();
-    expect(addon.getChildSubreaper()).toBe(true);
-    await b.dispose();
-    expect(addon.getChildSubreaper()).toBe(false);
-    expect(procStat(process.pid)).not.toBeNull();
-    execFileSync('true');
-  });
+  it.runIf(backend.name === 'native')(
+    'subreaper is reference-counted across supervisors and off again after the last close',
+    async () => {
+      // Through the backend's own addon: loading another copy (a sanitizer run's) would open its own fds.
+      const addon = { getChildSubreaper: () => backend.childSubreaper() };
+      expect(addon.getChildSubreaper()).toBe(false);
+      const a = await openSupervisor({ subreaper: true });
+      const b = await openSupervisor({ subreaper: true });
+      expect(addon.getChildSubreaper()).toBe(true);
+      await a.dispose();
+      expect(addon.getChildSubreaper()).toBe(true);
+      await b.dispose();
+      expect(addon.getChildSubreaper()).toBe(false);
+      expect(procStat(process.pid)).not.toBeNull();
+      execFileSync('true');
+    },
+  );
 });

@@ -31,13 +31,27 @@ describe('parsePidfile', () => {
     expect(parsePidfile('', 'p')).toBeNull();
   });
 
-  it.each([' 12', '12 ', '12\n\n', '12\r\n', '-5', '+5', '0x10', '1e3', '12abc', '\n', 'NaN', '١٢'])('refuses %j', (text) => {
-    expect(() => parsePidfile(text, 'p')).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', path: 'p' }));
-  });
+  it.each([' 12', '12 ', '12\n\n', '12\r\n', '-5', '+5', '0x10', '1e3', '12abc', '\n', 'NaN', '١٢'])(
+    'refuses %j',
+    (text) => {
+      expect(() => parsePidfile(text, 'p')).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', path: 'p' }),
+      );
+    },
+  );
 
   it('refuses pids out of range instead of wrapping them: 2^32 + X never becomes X', () => {
-    for (const n of ['0', '1', String(pidMax() + 1), String(2 ** 32 + process.pid), String(2 ** 64 + 5), '9'.repeat(40)]) {
-      expect(() => parsePidfile(`${n}\n`, 'p'), n).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/out of range/) }));
+    for (const n of [
+      '0',
+      '1',
+      String(pidMax() + 1),
+      String(2 ** 32 + process.pid),
+      String(2 ** 64 + 5),
+      '9'.repeat(40),
+    ]) {
+      expect(() => parsePidfile(`${n}\n`, 'p'), n).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/out of range/) }),
+      );
     }
   });
 });
@@ -53,7 +67,9 @@ describe('readPidfile', () => {
 
   it('refuses a FIFO without blocking, even with no writer', () => {
     execFileSync('mkfifo', [path('fifo.pid')]);
-    expect(() => readPidfile(path('fifo.pid'))).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/FIFO/) }));
+    expect(() => readPidfile(path('fifo.pid'))).toThrow(
+      expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/FIFO/) }),
+    );
   });
 
   it('refuses a symlink, even one to /dev/zero or to a good pidfile', () => {
@@ -61,7 +77,9 @@ describe('readPidfile', () => {
     writeFileSync(path('real.pid'), '77\n');
     symlinkSync(path('real.pid'), path('link.pid'));
     for (const p of [path('zero.pid'), path('link.pid')]) {
-      expect(() => readPidfile(p)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/symlink/) }));
+      expect(() => readPidfile(p)).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/symlink/) }),
+      );
     }
   });
 
@@ -78,7 +96,10 @@ describe('readPidfile', () => {
         execFileSync('mknod', [path('null.pid'), 'c', '1', '3']);
         cases.push([path('null.pid'), /character device/]);
       }
-      for (const [p, why] of cases) expect(() => readPidfile(p)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(why) }));
+      for (const [p, why] of cases)
+        expect(() => readPidfile(p)).toThrow(
+          expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(why) }),
+        );
     } finally {
       await new Promise((r) => server.close(r));
     }
@@ -88,7 +109,9 @@ describe('readPidfile', () => {
     writeFileSync(path('big.pid'), '1'.repeat(PIDFILE_MAX_BYTES + 1));
     writeFileSync(path('huge.pid'), Buffer.alloc(64 << 20, 0x31));
     for (const p of [path('big.pid'), path('huge.pid')]) {
-      expect(() => readPidfile(p)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/at most 64/) }));
+      expect(() => readPidfile(p)).toThrow(
+        expect.objectContaining({ code: 'ERR_CUSTODY_BAD_PIDFILE', message: expect.stringMatching(/at most 64/) }),
+      );
     }
   });
 });
@@ -128,9 +151,16 @@ describe(`launch with a hostile pidfile (${backend.name})`, () => {
 
   it('2^32 + the pid of a live process never pins that process', async () => {
     ctx = await openSupervisor();
-    const bystander = ctx.supervisor.launch({ id: 'bystander', command: PERL, args: (t) => ['-e', 'sleep 300', t, MARKER] });
+    const bystander = ctx.supervisor.launch({
+      id: 'bystander',
+      command: PERL,
+      args: (t) => ['-e', 'sleep 300', t, MARKER],
+    });
     const { pid } = await bystander;
-    await expect(launchWith('wrap', `echo ${2 ** 32 + pid} > "$3"`)).rejects.toMatchObject({ ...refused, message: expect.stringMatching(/out of range/) });
+    await expect(launchWith('wrap', `echo ${2 ** 32 + pid} > "$3"`)).rejects.toMatchObject({
+      ...refused,
+      message: expect.stringMatching(/out of range/),
+    });
     expect(isGone(pid)).toBe(false);
     expect(ctx.supervisor.list()).toEqual([{ id: 'bystander', status: 'running', pid, ppid: expect.any(Number) }]);
   });
@@ -139,7 +169,12 @@ describe(`launch with a hostile pidfile (${backend.name})`, () => {
     ctx = await openSupervisor();
     for (const bad of [2 ** 32 + process.pid, 0, 1, 1.5, Number.NaN, '123', pidMax() + 1]) {
       await expect(
-        ctx.supervisor.launch({ id: 'fn', command: PERL, args: (t) => ['-e', 'sleep 300', t, MARKER], pid: () => bad as number }),
+        ctx.supervisor.launch({
+          id: 'fn',
+          command: PERL,
+          args: (t) => ['-e', 'sleep 300', t, MARKER],
+          pid: () => bad as number,
+        }),
       ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
     }
     expect(processesWithMarker(MARKER)).toEqual([]);

@@ -19,7 +19,15 @@ const statLine = fc.record({
   session: fc.integer({ min: 0, max: 4194304 }),
   startTicks: fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER }),
 });
-const render = (s: { pid: number; comm: string; state: string; ppid: number; pgrp: number; session: number; startTicks: number }) =>
+const render = (s: {
+  pid: number;
+  comm: string;
+  state: string;
+  ppid: number;
+  pgrp: number;
+  session: number;
+  startTicks: number;
+}) =>
   `${s.pid} (${s.comm}) ${s.state} ${s.ppid} ${s.pgrp} ${s.session} 0 -1 4194560 1 0 0 0 1 2 0 0 20 0 1 0 ${s.startTicks} 100 20 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n`;
 
 const parsers: Array<[string, (t: string) => ReturnType<typeof parseStat>]> = [['ts', parseStat]];
@@ -50,7 +58,7 @@ describe.each(parsers)('parseStat properties (%s)', (_name, parse) => {
 });
 
 describe('splitCmdline and parseStatusUid properties', () => {
-  it('split inverts the kernel\'s join of argv (NUL-terminated, no NUL inside)', () => {
+  it("split inverts the kernel's join of argv (NUL-terminated, no NUL inside)", () => {
     const arg = fc.string({ maxLength: 20 }).filter((s) => !s.includes('\0'));
     fc.assert(
       fc.property(fc.array(arg, { minLength: 1, maxLength: 8 }), (argv) => {
@@ -61,10 +69,14 @@ describe('splitCmdline and parseStatusUid properties', () => {
 
   it('reads the real uid from any status text with a Uid line, and -1 without', () => {
     fc.assert(
-      fc.property(fc.integer({ min: 0, max: 2 ** 31 - 1 }), fc.string({ maxLength: 40 }).filter((s) => !s.includes('Uid:')), (uid, noise) => {
-        expect(parseStatusUid(`Name:\tx\n${noise.replace(/\n/g, ' ')}\nUid:\t${uid}\t1\t2\t3\n`)).toBe(uid);
-        expect(parseStatusUid(noise)).toBe(-1);
-      }),
+      fc.property(
+        fc.integer({ min: 0, max: 2 ** 31 - 1 }),
+        fc.string({ maxLength: 40 }).filter((s) => !s.includes('Uid:')),
+        (uid, noise) => {
+          expect(parseStatusUid(`Name:\tx\n${noise.replace(/\n/g, ' ')}\nUid:\t${uid}\t1\t2\t3\n`)).toBe(uid);
+          expect(parseStatusUid(noise)).toBe(-1);
+        },
+      ),
     );
   });
 });
@@ -75,7 +87,17 @@ describe('decodeManifest properties', () => {
     id: 'vm-1',
     token: '0123456789abcdef0123456789abcdef',
     state: 'running',
-    identity: { pid: 42, bootId: 'b', startTicks: 7, exe: { dev: 1, ino: 2 }, pidfsId: '99', argv: ['x'], uid: 0, ppid: 1, state: 'S' },
+    identity: {
+      pid: 42,
+      bootId: 'b',
+      startTicks: 7,
+      exe: { dev: 1, ino: 2 },
+      pidfsId: '99',
+      argv: ['x'],
+      uid: 0,
+      ppid: 1,
+      state: 'S',
+    },
     command: 'x',
     args: ['0123456789abcdef0123456789abcdef'],
     expect: [],
@@ -108,7 +130,15 @@ describe('decodeManifest properties', () => {
 
   it('rejects any single field replaced by a value of another kind', () => {
     const keys = Object.keys(valid).filter((k) => k !== 'createdAt' && k !== 'updatedAt');
-    const junk = fc.oneof(fc.constant(null), fc.integer(), fc.double(), fc.string({ maxLength: 5 }), fc.constant([]), fc.constant({}), fc.constant(true));
+    const junk = fc.oneof(
+      fc.constant(null),
+      fc.integer(),
+      fc.double(),
+      fc.string({ maxLength: 5 }),
+      fc.constant([]),
+      fc.constant({}),
+      fc.constant(true),
+    );
     fc.assert(
       fc.property(fc.constantFrom(...keys), junk, (key, value) => {
         const original = (valid as Record<string, unknown>)[key];
@@ -132,10 +162,17 @@ describe('decodeManifest properties', () => {
   });
 
   it('rejects identities with numbers that are not pids or ticks', () => {
-    const bad = fc.oneof(fc.double({ noInteger: true }), fc.integer({ max: 0 }), fc.constant(2 ** 60), fc.constant(Number.MAX_VALUE));
+    const bad = fc.oneof(
+      fc.double({ noInteger: true }),
+      fc.integer({ max: 0 }),
+      fc.constant(2 ** 60),
+      fc.constant(Number.MAX_VALUE),
+    );
     fc.assert(
       fc.property(bad, (n) => {
-        expect(() => decodeManifest(JSON.stringify({ ...valid, identity: { ...valid.identity, pid: n } }), 'm')).toThrow(BadManifestError);
+        expect(() =>
+          decodeManifest(JSON.stringify({ ...valid, identity: { ...valid.identity, pid: n } }), 'm'),
+        ).toThrow(BadManifestError);
       }),
     );
   });

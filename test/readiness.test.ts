@@ -40,7 +40,13 @@ describe(`pid: { file } as systemd Type=forking (${backend.name})`, () => {
   it('waits for the launcher to exit 0, reads the pidfile, confirms the target; a token assembled from two arguments is fine', async () => {
     ctx = await openSupervisor();
     const pidfile = join(ctx.root, 'fork.pid');
-    const inst = await ctx.supervisor.launch({ id: 'fork', command: 'sh', args: forking(pidfile), pid: { file: pidfile }, executable: PERL });
+    const inst = await ctx.supervisor.launch({
+      id: 'fork',
+      command: 'sh',
+      args: forking(pidfile),
+      pid: { file: pidfile },
+      executable: PERL,
+    });
     expect(inst.pid).toBe(Number(readFileSync(pidfile, 'utf8')));
     expect(inst.identity.argv).toEqual([PERL, '-e', 'sleep 300', inst.token, MARKER]);
     // The launcher's own argv never carried the whole token.
@@ -53,9 +59,19 @@ describe(`pid: { file } as systemd Type=forking (${backend.name})`, () => {
     ctx = await openSupervisor();
     const pidfile = join(ctx.root, 'bad.pid');
     const err = await ctx.supervisor
-      .launch({ id: 'bad', command: 'sh', args: forking(pidfile, 4, 'echo "launcher: cannot open /dev/kvm" >&2; '), pid: { file: pidfile }, executable: PERL })
+      .launch({
+        id: 'bad',
+        command: 'sh',
+        args: forking(pidfile, 4, 'echo "launcher: cannot open /dev/kvm" >&2; '),
+        pid: { file: pidfile },
+        executable: PERL,
+      })
       .catch((e: unknown) => e);
-    expect(err).toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED', exitCode: 4, stderrTail: expect.stringContaining('launcher: cannot open /dev/kvm') });
+    expect(err).toMatchObject({
+      code: 'ERR_CUSTODY_LAUNCH_EXITED',
+      exitCode: 4,
+      stderrTail: expect.stringContaining('launcher: cannot open /dev/kvm'),
+    });
     expect(processesWithMarker(MARKER)).toEqual([]);
     expect(ctx.supervisor.list()).toEqual([]);
   });
@@ -71,15 +87,32 @@ describe(`pid: { file } as systemd Type=forking (${backend.name})`, () => {
       executable: PERL,
       confirmTimeoutMs: 300,
     });
-    await expect(launching).rejects.toMatchObject({ code: 'ERR_CUSTODY_CONFIRM_TIMEOUT', message: expect.stringMatching(/launcherExits: false/) });
+    await expect(launching).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_CONFIRM_TIMEOUT',
+      message: expect.stringMatching(/launcherExits: false/),
+    });
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 
   it('launcherExits: false reads the pidfile while the launcher stays; an abort ends the wait at once', async () => {
     ctx = await openSupervisor();
     const pidfile = join(ctx.root, 'scope.pid');
-    const stays = (t: string) => ['-c', `( exec "$0" -e 'sleep 300' "$1" "$2" ) & echo $! > "$3"; wait`, PERL, t, MARKER, pidfile];
-    const inst = await ctx.supervisor.launch({ id: 'scope', command: 'sh', args: stays, pid: { file: pidfile }, launcherExits: false, executable: PERL });
+    const stays = (t: string) => [
+      '-c',
+      `( exec "$0" -e 'sleep 300' "$1" "$2" ) & echo $! > "$3"; wait`,
+      PERL,
+      t,
+      MARKER,
+      pidfile,
+    ];
+    const inst = await ctx.supervisor.launch({
+      id: 'scope',
+      command: 'sh',
+      args: stays,
+      pid: { file: pidfile },
+      launcherExits: false,
+      executable: PERL,
+    });
     expect(inst.identity.argv[0]).toBe(PERL);
     await ctx.supervisor.stop('scope', { graceMs: 5000 });
     // Aborted while waiting for a launcher that never writes the pidfile.
@@ -97,9 +130,11 @@ describe(`pid: { file } as systemd Type=forking (${backend.name})`, () => {
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 
-  it('the token check up front applies only to pid: \'child\'', async () => {
+  it("the token check up front applies only to pid: 'child'", async () => {
     ctx = await openSupervisor();
-    await expect(ctx.supervisor.launch({ id: 'fixed', command: PERL, args: ['-e', 'sleep 300'] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await expect(
+      ctx.supervisor.launch({ id: 'fixed', command: PERL, args: ['-e', 'sleep 300'] }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
     await expect(
       ctx.supervisor.launch({ id: 'x', command: 'sh', args: (t) => [t], pid: 'child', launcherExits: false }),
     ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG', message: expect.stringMatching(/launcherExits/) });
@@ -111,18 +146,32 @@ describe(`ready bounds (${backend.name})`, () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'late.sock');
     const late = (t: string) => vmArgs(socket, t, ['--socket-delay', '30']);
-    await expect(ctx.supervisor.launch({ id: 'a', command: PYTHON, args: late, ready: { socket }, readyTimeoutMs: 200 })).rejects.toMatchObject({
+    await expect(
+      ctx.supervisor.launch({ id: 'a', command: PYTHON, args: late, ready: { socket }, readyTimeoutMs: 200 }),
+    ).rejects.toMatchObject({
       code: 'ERR_CUSTODY_READY_TIMEOUT',
       message: expect.stringMatching(/within 200 ms/),
     });
-    await expect(ctx.supervisor.launch({ id: 'b', command: PYTHON, args: late, ready: { socket, timeoutMs: 150 } })).rejects.toMatchObject({
+    await expect(
+      ctx.supervisor.launch({ id: 'b', command: PYTHON, args: late, ready: { socket, timeoutMs: 150 } }),
+    ).rejects.toMatchObject({
       code: 'ERR_CUSTODY_READY_TIMEOUT',
       message: expect.stringMatching(/within 150 ms/),
     });
-    await expect(ctx.supervisor.launch({ id: 'c', command: PYTHON, args: late, ready: { socket, timeoutMs: 150 }, readyTimeoutMs: 150 })).rejects.toMatchObject({
+    await expect(
+      ctx.supervisor.launch({
+        id: 'c',
+        command: PYTHON,
+        args: late,
+        ready: { socket, timeoutMs: 150 },
+        readyTimeoutMs: 150,
+      }),
+    ).rejects.toMatchObject({
       code: 'ERR_CUSTODY_INVALID_ARG',
     });
-    await expect(ctx.supervisor.launch({ id: 'd', command: PYTHON, args: late, ready: { socket, probe: 'qmp' as never } })).rejects.toMatchObject({
+    await expect(
+      ctx.supervisor.launch({ id: 'd', command: PYTHON, args: late, ready: { socket, probe: 'qmp' as never } }),
+    ).rejects.toMatchObject({
       code: 'ERR_CUSTODY_INVALID_ARG',
     });
     expect(processesWithMarker(MARKER)).toEqual([]);
@@ -159,7 +208,7 @@ function greeting(socket: string, signal: AbortSignal): Promise<string> {
     let buf = '';
     s.on('data', (d) => {
       buf += d.toString();
-      if (buf.includes('\n')) (s.destroy(), resolve(buf));
+      if (buf.includes('\n')) s.destroy(), resolve(buf);
     });
     s.on('error', fail);
     s.on('end', () => fail(new Error('closed before the greeting')));
@@ -172,9 +221,18 @@ describe(`ready: { socket, probe } (${backend.name})`, () => {
     for (let i = 0; i < 5; i++) {
       const socket = join(ctx.root, `bogus-${i}.sock`);
       const err = await ctx.supervisor
-        .launch({ id: `bogus-${i}`, command: PYTHON, args: (t) => ['-c', DIES_AFTER_BIND, socket, t, MARKER], ready: { socket, probe: greeting } })
+        .launch({
+          id: `bogus-${i}`,
+          command: PYTHON,
+          args: (t) => ['-c', DIES_AFTER_BIND, socket, t, MARKER],
+          ready: { socket, probe: greeting },
+        })
         .catch((e: unknown) => e);
-      expect(err).toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED', exitCode: 1, stderrTail: expect.stringContaining('unknown device') });
+      expect(err).toMatchObject({
+        code: 'ERR_CUSTODY_LAUNCH_EXITED',
+        exitCode: 1,
+        stderrTail: expect.stringContaining('unknown device'),
+      });
       expect(types(ctx.events, `bogus-${i}`)).not.toContain('running');
     }
     expect(ctx.supervisor.list()).toEqual([]);
@@ -199,7 +257,12 @@ describe(`ready: { socket, probe } (${backend.name})`, () => {
     expect(calls).toBe(3);
     await ctx.supervisor.stop('flaky', { graceMs: 5000 });
     let syncCalls = 0;
-    await ctx.supervisor.launch({ id: 'sync', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket, probe: () => void syncCalls++ } });
+    await ctx.supervisor.launch({
+      id: 'sync',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket, probe: () => void syncCalls++ },
+    });
     expect(syncCalls).toBe(1);
     expect(isGone(inst.pid)).toBe(true);
   });
@@ -257,13 +320,25 @@ sys.exit(1)
         .launch({
           id: `orphan-${i}`,
           command: 'sh',
-          args: (t) => ['-c', `( exec "$0" -c "$1" "$2" "$3" "$4" ) & echo $! > "$5"; exit 0`, PYTHON, program, socket, t, MARKER, pidfile],
+          args: (t) => [
+            '-c',
+            `( exec "$0" -c "$1" "$2" "$3" "$4" ) & echo $! > "$5"; exit 0`,
+            PYTHON,
+            program,
+            socket,
+            t,
+            MARKER,
+            pidfile,
+          ],
           pid: { file: pidfile },
           executable: PYTHON,
           ready: { socket },
         })
         .catch((e: unknown) => e);
-      expect(err).toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED', stderrTail: expect.stringContaining('died in init') });
+      expect(err).toMatchObject({
+        code: 'ERR_CUSTODY_LAUNCH_EXITED',
+        stderrTail: expect.stringContaining('died in init'),
+      });
       expect(types(ctx.events, `orphan-${i}`)).not.toContain('running');
       expect(existsSync(socket)).toBe(false);
     }

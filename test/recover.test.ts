@@ -25,7 +25,13 @@ async function launchedThenClosed(ids: string[], extraArgs: string[] = []) {
   const pids: Record<string, number> & { [k: string]: number } = {} as never;
   for (const id of ids) {
     const socket = join(dir.path, `${id}.sock`);
-    const inst = await supervisor.launch({ id, command: PYTHON, args: (t) => vmArgs(socket, t, ['--signal-log', log, ...extraArgs]), ready: { socket }, paths: [socket] });
+    const inst = await supervisor.launch({
+      id,
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--signal-log', log, ...extraArgs]),
+      ready: { socket },
+      paths: [socket],
+    });
     pids[id] = inst.pid;
   }
   await supervisor.close();
@@ -62,7 +68,13 @@ describe(`recovery (${backend.name})`, () => {
   it('adopts a verified process, watches it, and stops it like any instance', async () => {
     const s = await launchedThenClosed(['a']);
     const { supervisor, report, events } = await s.reopen();
-    expect(report).toEqual({ adopted: [{ id: 'a', pid: s.pids.a! }], repaired: [], cleaned: [], quarantined: [], deferred: [] });
+    expect(report).toEqual({
+      adopted: [{ id: 'a', pid: s.pids.a! }],
+      repaired: [],
+      cleaned: [],
+      quarantined: [],
+      deferred: [],
+    });
     expect(events.map((e) => e.type)).toEqual(['adopt']);
     expect(supervisor.list()).toEqual([{ id: 'a', status: 'running', pid: s.pids.a!, ppid: expect.any(Number) }]);
     const r = await supervisor.stop('a', { graceMs: 5000 });
@@ -122,7 +134,9 @@ describe(`recovery (${backend.name})`, () => {
     ]);
     await expect(supervisor.stop('a')).rejects.toMatchObject({ code: 'ERR_CUSTODY_QUARANTINED' });
     expect(() => supervisor.remove('b')).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_QUARANTINED' }));
-    await expect(supervisor.launch({ id: 'a', command: 'true', args: (t) => [t] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_QUARANTINED' });
+    await expect(supervisor.launch({ id: 'a', command: 'true', args: (t) => [t] })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_QUARANTINED',
+    });
     expect(loggedSignals(s.log)).toEqual([]);
     // Persisted: the quarantine survives another restart.
     expect(s.read('a')).toMatchObject({ state: 'quarantined', quarantine: { reason: 'unrecorded', field: 'bootId' } });
@@ -134,10 +148,22 @@ describe(`recovery (${backend.name})`, () => {
     s.write('ticks', { ...t, identity: { ...t.identity, startTicks: t.identity.startTicks - 1 } });
     const p = s.read('pidfs');
     const pidfsCase = p.identity.pidfsId !== null;
-    if (pidfsCase) s.write('pidfs', { ...p, identity: { ...p.identity, pidfsId: String(BigInt(p.identity.pidfsId) + 7n) } });
+    if (pidfsCase)
+      s.write('pidfs', { ...p, identity: { ...p.identity, pidfsId: String(BigInt(p.identity.pidfsId) + 7n) } });
     const { report } = await s.reopen();
-    expect(report.quarantined).toContainEqual({ id: 'ticks', pid: s.pids.ticks!, reason: 'reused', field: 'startTicks' });
-    if (pidfsCase) expect(report.quarantined).toContainEqual({ id: 'pidfs', pid: s.pids.pidfs!, reason: 'reused', field: 'pidfsId' });
+    expect(report.quarantined).toContainEqual({
+      id: 'ticks',
+      pid: s.pids.ticks!,
+      reason: 'reused',
+      field: 'startTicks',
+    });
+    if (pidfsCase)
+      expect(report.quarantined).toContainEqual({
+        id: 'pidfs',
+        pid: s.pids.pidfs!,
+        reason: 'reused',
+        field: 'pidfsId',
+      });
     expect(report.repaired).toEqual([]);
     expect(loggedSignals(s.log)).toEqual([]);
   });
@@ -147,10 +173,16 @@ describe(`recovery (${backend.name})`, () => {
     const f = s.read('fixable');
     s.write('fixable', { ...f, identity: { ...f.identity, argv: ['qemu-old-argv'], exe: { dev: 1, ino: 2 } } });
     const u = s.read('unprovable');
-    s.write('unprovable', { ...u, paths: [...u.paths, '/run/not-in-its-argv.sock'], identity: { ...u.identity, argv: ['other'] } });
+    s.write('unprovable', {
+      ...u,
+      paths: [...u.paths, '/run/not-in-its-argv.sock'],
+      identity: { ...u.identity, argv: ['other'] },
+    });
     const { report, events, supervisor } = await s.reopen();
     expect(report.repaired).toEqual([{ id: 'fixable', pid: s.pids.fixable!, reason: 'mismatch', field: 'exe' }]);
-    expect(report.quarantined).toEqual([{ id: 'unprovable', pid: s.pids.unprovable!, reason: 'mismatch', field: 'argv' }]);
+    expect(report.quarantined).toEqual([
+      { id: 'unprovable', pid: s.pids.unprovable!, reason: 'mismatch', field: 'argv' },
+    ]);
     expect(events.find((e) => e.type === 'repair')).toMatchObject({ id: 'fixable', field: 'exe' });
     const repaired = s.read('fixable');
     expect(repaired.identity.argv).toContain(repaired.token);
@@ -158,7 +190,14 @@ describe(`recovery (${backend.name})`, () => {
     // A quarantined instance does not hide or change the others' status.
     expect(supervisor.list()).toEqual([
       { id: 'fixable', status: 'running', pid: s.pids.fixable!, ppid: expect.any(Number) },
-      { id: 'unprovable', status: 'quarantined', pid: s.pids.unprovable!, ppid: null, reason: 'mismatch', field: 'argv' },
+      {
+        id: 'unprovable',
+        status: 'quarantined',
+        pid: s.pids.unprovable!,
+        ppid: null,
+        reason: 'mismatch',
+        field: 'argv',
+      },
     ]);
     expect(loggedSignals(s.log)).toEqual([]);
   });
@@ -168,10 +207,15 @@ describe(`recovery (${backend.name})`, () => {
     mkdirSync(join(s.stateDir, 'garbled'), { mode: 0o700 });
     writeFileSync(join(s.stateDir, 'garbled', 'manifest.json'), '{ not json', { mode: 0o600 });
     mkdirSync(join(s.stateDir, 'future'), { mode: 0o700 });
-    writeFileSync(join(s.stateDir, 'future', 'manifest.json'), JSON.stringify({ version: 99, id: 'future' }), { mode: 0o600 });
+    writeFileSync(join(s.stateDir, 'future', 'manifest.json'), JSON.stringify({ version: 99, id: 'future' }), {
+      mode: 0o600,
+    });
     const { report } = await s.reopen();
     expect(report.adopted).toEqual([{ id: 'good', pid: s.pids.good! }]);
-    expect(report.quarantined.map((q) => `${q.id}:${q.reason}`).sort()).toEqual(['future:bad-manifest', 'garbled:bad-manifest']);
+    expect(report.quarantined.map((q) => `${q.id}:${q.reason}`).sort()).toEqual([
+      'future:bad-manifest',
+      'garbled:bad-manifest',
+    ]);
     expect(readFileSync(join(s.stateDir, 'garbled', 'manifest.json'), 'utf8')).toBe('{ not json');
     expect(existsSync(join(s.stateDir, 'future', 'manifest.json'))).toBe(true);
   });
@@ -229,7 +273,9 @@ describe(`recovery (${backend.name})`, () => {
     cleanups.push(() => dir.cleanup());
     const stateDir = join(dir.path, 'state');
     writeFileSync(stateDir, 'a file, not a dir');
-    await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({ code: expect.stringMatching(/ERR_CUSTODY_(STATE_IO|INVALID_ARG)/) });
+    await expect(Supervisor.open({ stateDir })).rejects.toMatchObject({
+      code: expect.stringMatching(/ERR_CUSTODY_(STATE_IO|INVALID_ARG)/),
+    });
     rmSync(stateDir);
     const { supervisor } = await Supervisor.open({ stateDir, onEvent: () => {} });
     await supervisor.close();
@@ -244,7 +290,21 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
     cleanups.push(() => dir.cleanup());
     const { stdout } = await promisify(execFile)(
       'unshare',
-      ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, join(FIXTURES, 'recover-ns.mjs'), mode, join(dir.path, 'state'), String(trials), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir.path, 'signals.log')],
+      [
+        '--pid',
+        '--fork',
+        '--kill-child',
+        '--mount-proc',
+        process.execPath,
+        join(FIXTURES, 'recover-ns.mjs'),
+        mode,
+        join(dir.path, 'state'),
+        String(trials),
+        SIGNAL_LOGGER,
+        LAUNCHER,
+        PERL,
+        join(dir.path, 'signals.log'),
+      ],
       { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 120_000 },
     );
     return JSON.parse(stdout.trim().split('\n').pop()!);
@@ -272,7 +332,10 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
       if (backend.name === 'native') expect(key).toMatch(/^quarantined:reused:(pidfsId|startTicks)/);
       else expect(key).toMatch(/^quarantined:(reused:startTicks|mismatch:(exe|argv))/);
     }
-    if (backend.name === 'native' && r.sameTick > 0) expect(r.verdicts['quarantined:reused:pidfsId (same tick)']).toBe(r.sameTick);
-    console.log(`${backend.name}: recovery after ${r.trials} forced reuses (${r.sameTick} in the same tick): ${JSON.stringify(r.verdicts)}`);
+    if (backend.name === 'native' && r.sameTick > 0)
+      expect(r.verdicts['quarantined:reused:pidfsId (same tick)']).toBe(r.sameTick);
+    console.log(
+      `${backend.name}: recovery after ${r.trials} forced reuses (${r.sameTick} in the same tick): ${JSON.stringify(r.verdicts)}`,
+    );
   });
 });

@@ -12,14 +12,26 @@ const canForceReuse = isRoot() && hasUnshare();
 const TRIALS = Number(process.env.CUSTODY_REUSE_TRIALS ?? 20);
 
 describe(`genuine PID reuse in a PID namespace (${backend.name})`, () => {
-  it(`${TRIALS} forced reuses: old handles never reach the new owner; verify says reused`, { timeout: 30_000 + TRIALS * 1000 }, async (ctx) => {
+  it(`${TRIALS} forced reuses: old handles never reach the new owner; verify says reused`, {
+    timeout: 30_000 + TRIALS * 1000,
+  }, async (ctx) => {
     ctx.skip(!canForceReuse, 'needs root and unshare --pid: forces PID reuse through ns_last_pid in a PID namespace');
     const dir = tmpDir();
     try {
       const fixture = join(import.meta.dirname, 'fixtures', 'reuse.mjs');
       const { stdout } = await promisify(execFile)(
         'unshare',
-        ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, fixture, String(TRIALS), join(dir.path, 'signals.log'), SIGNAL_LOGGER],
+        [
+          '--pid',
+          '--fork',
+          '--kill-child',
+          '--mount-proc',
+          process.execPath,
+          fixture,
+          String(TRIALS),
+          join(dir.path, 'signals.log'),
+          SIGNAL_LOGGER,
+        ],
         { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 20_000 + TRIALS * 1000 },
       );
       const r = JSON.parse(stdout.trim().split('\n').pop()!);
@@ -39,13 +51,16 @@ describe(`genuine PID reuse in a PID namespace (${backend.name})`, () => {
         // another tick; within one it can only notice the other exe or argv
         // (capabilities().pidfsId is false, raceFreeSignals is false).
         for (const [v, n] of Object.entries(r.verdicts)) {
-          if (v.endsWith('(same tick)')) expect(['ok (same tick)', 'mismatch:exe (same tick)', 'mismatch:argv (same tick)']).toContain(v);
+          if (v.endsWith('(same tick)'))
+            expect(['ok (same tick)', 'mismatch:exe (same tick)', 'mismatch:argv (same tick)']).toContain(v);
           else expect([v, n]).toEqual(['reused:startTicks', n]);
         }
         expect(r.signalsReturnedTrue).toBe(r.sameTickSignalsReturnedTrue);
         expect(r.loggedSignals.length).toBe(r.sameTickSignalsReturnedTrue);
       }
-      console.log(`${backend.name}: ${r.trials} reuses, ${r.sameTick} within one clock tick, verdicts ${JSON.stringify(r.verdicts)}`);
+      console.log(
+        `${backend.name}: ${r.trials} reuses, ${r.sameTick} within one clock tick, verdicts ${JSON.stringify(r.verdicts)}`,
+      );
     } finally {
       dir.cleanup();
     }

@@ -9,7 +9,9 @@ describe('signals', () => {
     expect(signalNumber(9)).toBe(9);
     expect(signalNumber(0)).toBe(0);
     expect(signalName(constants.signals.SIGKILL)).toBe('SIGKILL');
-    expect(() => signalNumber('SIGNOPE' as NodeJS.Signals)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
+    expect(() => signalNumber('SIGNOPE' as NodeJS.Signals)).toThrow(
+      expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }),
+    );
     expect(() => signalNumber(1000)).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
   });
 

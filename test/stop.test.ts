@@ -6,7 +6,16 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { AbortError, spawn, terminate } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, loggedSignals, MARKER, procStat, signalLoggerArgs, tmpDir, untilReady, waitFor } from './helpers/procs.js';
+import {
+  isGone,
+  loggedSignals,
+  MARKER,
+  procStat,
+  signalLoggerArgs,
+  tmpDir,
+  untilReady,
+  waitFor,
+} from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -20,7 +29,12 @@ afterEach(async () => {
 async function stubborn(id: string) {
   const socket = join(ctx.root, `${id}.sock`);
   const log = join(ctx.root, `${id}.signals`);
-  const inst = await ctx.supervisor.launch({ id, command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term', '--signal-log', log]), ready: { socket } });
+  const inst = await ctx.supervisor.launch({
+    id,
+    command: PYTHON,
+    args: (t) => vmArgs(socket, t, ['--ignore-term', '--signal-log', log]),
+    ready: { socket },
+  });
   return { inst, socket, log };
 }
 
@@ -43,7 +57,9 @@ describe(`an aborted stop forces the stop (${backend.name})`, () => {
     expect(ctx.supervisor.list()).toEqual([]);
     expect(existsSync(join(ctx.stateDir, 'ab'))).toBe(false);
     expect(existsSync(socket)).toBe(false);
-    expect(ctx.events.filter((e) => e.id === 'ab' && e.type === 'stop')).toMatchObject([{ escalated: true, message: expect.stringMatching(/aborted/) }]);
+    expect(ctx.events.filter((e) => e.id === 'ab' && e.type === 'stop')).toMatchObject([
+      { escalated: true, message: expect.stringMatching(/aborted/) },
+    ]);
   });
 
   it('aborted during a graceful hook that hangs: the hook is told, the process is killed', async () => {
@@ -67,11 +83,19 @@ describe(`an aborted stop forces the stop (${backend.name})`, () => {
   it('aborted during a tree stop: every member of the tree is killed', async () => {
     ctx = await openSupervisor();
     // A root and a child, both ignoring SIGTERM; the child prints its pid.
-    const script = '$SIG{TERM} = "IGNORE"; my $k = fork; if ($k == 0) { sleep 300; exit } print "$k\\n"; $| = 1; sleep 300';
+    const script =
+      '$SIG{TERM} = "IGNORE"; my $k = fork; if ($k == 0) { sleep 300; exit } print "$k\\n"; $| = 1; sleep 300';
     const out = join(ctx.root, 'tree.out');
-    const inst = await ctx.supervisor.launch({ id: 'tree', command: PERL, args: (t) => ['-e', script, t, MARKER], stdout: { file: out } });
+    const inst = await ctx.supervisor.launch({
+      id: 'tree',
+      command: PERL,
+      args: (t) => ['-e', script, t, MARKER],
+      stdout: { file: out },
+    });
     const kid = Number(await waitFor(() => existsSync(out) && readFileSync(out, 'utf8').trim(), 5000, 'the child pid'));
-    await expect(ctx.supervisor.stop('tree', { tree: true, graceMs: 60_000, signal: abortAfter(150) })).rejects.toBeInstanceOf(AbortError);
+    await expect(
+      ctx.supervisor.stop('tree', { tree: true, graceMs: 60_000, signal: abortAfter(150) }),
+    ).rejects.toBeInstanceOf(AbortError);
     expect(isGone(inst.pid)).toBe(true);
     await waitFor(() => isGone(kid), 5000, 'the child gone');
     expect(processesWithMarker(MARKER)).toEqual([]);

@@ -11,29 +11,36 @@ import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 expectNoLeaks({ marker: MARKER });
 
 describe(`subreaper (${backend.name})`, () => {
-  it.skipIf(backend.name !== 'native')('a daemon that double-forks away from its launcher stays visible and is reaped by custody', async () => {
-    const ctx = await openSupervisor({ subreaper: true });
-    try {
-      const pidfile = join(ctx.root, 'daemon.pid');
-      // QEMU -daemonize in miniature: fork, write the pidfile, parent exits 0.
-      const inst = await ctx.supervisor.launch({
-        id: 'daemon',
-        command: 'sh',
-        args: (t) => ['-c', `( "$0" -e 'sleep 300' "$1" "$2" & echo $! > "$3" ); exit 0`, PERL, t, MARKER, pidfile],
-        pid: { file: pidfile },
-        executable: PERL,
-      });
-      // Re-parented to us, not to init.
-      await waitFor(() => procStat(inst.pid)?.[1] === String(process.pid), 5000, 're-parenting');
-      expect(Number(readFileSync(pidfile, 'utf8'))).toBe(inst.pid);
-      const r = await ctx.supervisor.stop('daemon', { graceMs: 2000 });
-      expect(r).toEqual({ outcome: 'exited', escalated: false, code: null, signal: 'SIGTERM' });
-      // Reaped: no zombie child left.
-      await waitFor(() => isGone(inst.pid) && !descendantsOf(process.pid).some((p) => p.pid === inst.pid), 5000, 'reap');
-    } finally {
-      await ctx.dispose();
-    }
-  });
+  it.skipIf(backend.name !== 'native')(
+    'a daemon that double-forks away from its launcher stays visible and is reaped by custody',
+    async () => {
+      const ctx = await openSupervisor({ subreaper: true });
+      try {
+        const pidfile = join(ctx.root, 'daemon.pid');
+        // QEMU -daemonize in miniature: fork, write the pidfile, parent exits 0.
+        const inst = await ctx.supervisor.launch({
+          id: 'daemon',
+          command: 'sh',
+          args: (t) => ['-c', `( "$0" -e 'sleep 300' "$1" "$2" & echo $! > "$3" ); exit 0`, PERL, t, MARKER, pidfile],
+          pid: { file: pidfile },
+          executable: PERL,
+        });
+        // Re-parented to us, not to init.
+        await waitFor(() => procStat(inst.pid)?.[1] === String(process.pid), 5000, 're-parenting');
+        expect(Number(readFileSync(pidfile, 'utf8'))).toBe(inst.pid);
+        const r = await ctx.supervisor.stop('daemon', { graceMs: 2000 });
+        expect(r).toEqual({ outcome: 'exited', escalated: false, code: null, signal: 'SIGTERM' });
+        // Reaped: no zombie child left.
+        await waitFor(
+          () => isGone(inst.pid) && !descendantsOf(process.pid).some((p) => p.pid === inst.pid),
+          5000,
+          'reap',
+        );
+      } finally {
+        await ctx.dispose();
+      }
+    },
+  );
 
   it.skipIf(backend.name !== 'native')(
     "reaps the zombie that QEMU's -daemonize fork leaves, and a helper that double-forked away; never a child_process child",
@@ -71,15 +78,29 @@ time.sleep(0.3)
         });
         // The zombie of child1 and the helper whose parent exited both come to us.
         const helper = await waitFor(
-          () => descendantsOf(process.pid).find((p) => p.ppid === process.pid && p.pid !== inst.pid && p.cmd.includes(MARKER) && p.state !== 'Z'),
+          () =>
+            descendantsOf(process.pid).find(
+              (p) => p.ppid === process.pid && p.pid !== inst.pid && p.cmd.includes(MARKER) && p.state !== 'Z',
+            ),
           5000,
           'the helper to be re-parented to us',
         );
         // child1's zombie does not linger.
-        await waitFor(() => !descendantsOf(process.pid).some((p) => p.state === 'Z' && p.ppid === process.pid && p.pid !== bystander.pid), 5000, 'the reaping');
+        await waitFor(
+          () =>
+            !descendantsOf(process.pid).some(
+              (p) => p.state === 'Z' && p.ppid === process.pid && p.pid !== bystander.pid,
+            ),
+          5000,
+          'the reaping',
+        );
         // Stop ends the helper with the instance, though its tree no longer reaches it.
         await ctx.supervisor.stop('vm', { graceMs: 2000 });
-        await waitFor(() => isGone(helper.pid) && !descendantsOf(process.pid).some((p) => p.pid === helper.pid), 5000, 'the helper ended and reaped');
+        await waitFor(
+          () => isGone(helper.pid) && !descendantsOf(process.pid).some((p) => p.pid === helper.pid),
+          5000,
+          'the helper ended and reaped',
+        );
         await bystanderExit;
         // child_process still got its own child's exit: custody never reaped it.
         expect(bystander.exitCode).toBe(0);
@@ -92,7 +113,12 @@ time.sleep(0.3)
   it.skipIf(backend.name !== 'js')('says, as a warning, that the js backend cannot be a subreaper', async () => {
     const ctx = await openSupervisor({ subreaper: true });
     try {
-      expect(ctx.events).toContainEqual(expect.objectContaining({ type: 'warning', message: expect.stringMatching(/subreaper needs the native backend/) }));
+      expect(ctx.events).toContainEqual(
+        expect.objectContaining({
+          type: 'warning',
+          message: expect.stringMatching(/subreaper needs the native backend/),
+        }),
+      );
     } finally {
       await ctx.dispose();
     }

@@ -22,7 +22,13 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
   it('launches, confirms, waits for the socket, records the identity, and stops', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'vm.sock');
-    const inst = await ctx.supervisor.launch({ id: 'vm-1', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket }, expect: ['--socket'] });
+    const inst = await ctx.supervisor.launch({
+      id: 'vm-1',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket },
+      expect: ['--socket'],
+    });
     expect(inst.identity.argv).toContain(inst.token);
     expect(inst.token).toMatch(/^[0-9a-f]{32}$/);
     const m = manifestOf('vm-1');
@@ -84,7 +90,12 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(existsSync(join(ctx.stateDir, 'never'))).toBe(false);
     expect(existsSync(pidfile)).toBe(false);
     expect(types(ctx.events, 'never')).toContain('abandon');
-    const ok = await ctx.supervisor.launch({ id: 'never', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    const ok = await ctx.supervisor.launch({
+      id: 'never',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket },
+    });
     expect(ok.pid).toBeGreaterThan(0);
   });
 
@@ -94,7 +105,13 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     const stderr = join(ctx.root, 'early.err');
     const started = Date.now();
     const err = await ctx.supervisor
-      .launch({ id: 'early', command: PYTHON, args: (t) => vmArgs(socket, t, ['--socket-delay', '0.1', '--fail-before-socket', '7']), ready: { socket, timeoutMs: 20_000 }, stderr: { file: stderr } })
+      .launch({
+        id: 'early',
+        command: PYTHON,
+        args: (t) => vmArgs(socket, t, ['--socket-delay', '0.1', '--fail-before-socket', '7']),
+        ready: { socket, timeoutMs: 20_000 },
+        stderr: { file: stderr },
+      })
       .catch((e) => e);
     expect(err).toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED', exitCode: 7, signal: null });
     expect(err.stderrTail).toContain('cannot open disk image');
@@ -117,18 +134,38 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
       ready: { socket, timeoutMs: 5000 },
       attempts: 3,
     });
-    expect(types(ctx.events, 'retry').filter((t) => t === 'abandon' || t === 'retry' || t === 'running')).toEqual(['abandon', 'retry', 'abandon', 'retry', 'running']);
+    expect(types(ctx.events, 'retry').filter((t) => t === 'abandon' || t === 'retry' || t === 'running')).toEqual([
+      'abandon',
+      'retry',
+      'abandon',
+      'retry',
+      'running',
+    ]);
     expect(socketsAtAbandon).toEqual([false, false]);
     // Every earlier attempt's process is gone, not a zombie.
-    for (const e of ctx.events.filter((x) => x.type === 'spawn' && x.pid !== inst.pid)) expect(isGone(e.pid!)).toBe(true);
-    await expect(ctx.supervisor.launch({ id: 'fails', command: PYTHON, args: (t) => vmArgs(socket + '2', t, ['--fail-before-socket', '1']), ready: { socket: socket + '2' }, attempts: 2 })).rejects.toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED' });
+    for (const e of ctx.events.filter((x) => x.type === 'spawn' && x.pid !== inst.pid))
+      expect(isGone(e.pid!)).toBe(true);
+    await expect(
+      ctx.supervisor.launch({
+        id: 'fails',
+        command: PYTHON,
+        args: (t) => vmArgs(socket + '2', t, ['--fail-before-socket', '1']),
+        ready: { socket: socket + '2' },
+        attempts: 2,
+      }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED' });
   });
 
   it('escalates to SIGKILL within the bound for a target that ignores SIGTERM, and says so', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'stubborn.sock');
     const log = join(ctx.root, 'signals.log');
-    await ctx.supervisor.launch({ id: 'stubborn', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term', '--signal-log', log]), ready: { socket } });
+    await ctx.supervisor.launch({
+      id: 'stubborn',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--ignore-term', '--signal-log', log]),
+      ready: { socket },
+    });
     const started = Date.now();
     const r = await ctx.supervisor.stop('stubborn', { graceMs: 300 });
     expect(r).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' });
@@ -176,21 +213,31 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
 
   it('reports a nonexistent executable clearly and leaves no state and no process', async () => {
     ctx = await openSupervisor();
-    await expect(ctx.supervisor.launch({ id: 'ghost', command: '/nonexistent/qemu', args: (t) => [t] })).rejects.toMatchObject({ code: 'ENOENT' });
+    await expect(
+      ctx.supervisor.launch({ id: 'ghost', command: '/nonexistent/qemu', args: (t) => [t] }),
+    ).rejects.toMatchObject({ code: 'ENOENT' });
     expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
     expect(ctx.supervisor.list()).toEqual([]);
   });
 
-  it.each(['../x', '', 'a/b', '.', '..', 'a\0b', 'x'.repeat(200), 5])('refuses the id %j and creates nothing', async (id) => {
-    ctx = await openSupervisor();
-    await expect(ctx.supervisor.launch({ id: id as string, command: 'true', args: (t) => [t] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
-    expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
-    expect(existsSync(join(ctx.root, 'x'))).toBe(false);
-  });
+  it.each(['../x', '', 'a/b', '.', '..', 'a\0b', 'x'.repeat(200), 5])(
+    'refuses the id %j and creates nothing',
+    async (id) => {
+      ctx = await openSupervisor();
+      await expect(
+        ctx.supervisor.launch({ id: id as string, command: 'true', args: (t) => [t] }),
+      ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+      expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
+      expect(existsSync(join(ctx.root, 'x'))).toBe(false);
+    },
+  );
 
   it('refuses args that do not carry the token, and other bad specs', async () => {
     ctx = await openSupervisor();
-    const bad = (spec: object) => expect(ctx.supervisor.launch({ id: 'b', command: 'sleep', args: ['1'], ...spec } as never)).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    const bad = (spec: object) =>
+      expect(ctx.supervisor.launch({ id: 'b', command: 'sleep', args: ['1'], ...spec } as never)).rejects.toMatchObject(
+        { code: 'ERR_CUSTODY_INVALID_ARG' },
+      );
     await bad({});
     await bad({ args: (t: string) => [t], attempts: 0 });
     await bad({ args: (t: string) => [t], paths: ['relative'] });
@@ -202,16 +249,30 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
   it('refuses the same id twice at once, and runs different ids concurrently', async () => {
     ctx = await openSupervisor();
     const s1 = join(ctx.root, 'a.sock');
-    const first = ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t, ['--socket-delay', '0.2']), ready: { socket: s1 } });
-    await expect(ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t) })).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
+    const first = ctx.supervisor.launch({
+      id: 'same',
+      command: PYTHON,
+      args: (t) => vmArgs(s1, t, ['--socket-delay', '0.2']),
+      ready: { socket: s1 },
+    });
+    await expect(
+      ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t) }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
     await first;
-    await expect(ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t) })).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
+    await expect(
+      ctx.supervisor.launch({ id: 'same', command: PYTHON, args: (t) => vmArgs(s1, t) }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
   });
 
   it('notices an instance that exits on its own, cleans its state and socket, and lists it as exited', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'self.sock');
-    const inst = await ctx.supervisor.launch({ id: 'self', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    const inst = await ctx.supervisor.launch({
+      id: 'self',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket },
+    });
     process.kill(inst.pid, 'SIGKILL');
     const st = await inst.exited;
     if (backend.name === 'native') expect(st).toEqual({ code: null, signal: 'SIGKILL' });
@@ -267,7 +328,12 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     const { supervisor } = await Supervisor.open({ stateDir: join(dir.path, 'state') });
     try {
       const socket = join(dir.path, 'w.sock');
-      await supervisor.launch({ id: 'w', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term']), ready: { socket } });
+      await supervisor.launch({
+        id: 'w',
+        command: PYTHON,
+        args: (t) => vmArgs(socket, t, ['--ignore-term']),
+        ready: { socket },
+      });
       expect(await supervisor.stop('w', { graceMs: 100 })).toMatchObject({ escalated: true });
       await new Promise((r) => setImmediate(r));
       expect(warnings.map((w) => (w as Error & { code?: string }).code)).toContain('CUSTODY_ESCALATE');
@@ -280,7 +346,10 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
 
   it('holds the state dir: a second supervisor gets ERR_CUSTODY_STATE_LOCKED naming the holder', async () => {
     ctx = await openSupervisor();
-    await expect(Supervisor.open({ stateDir: ctx.stateDir })).rejects.toMatchObject({ code: 'ERR_CUSTODY_STATE_LOCKED', holderPid: process.pid });
+    await expect(Supervisor.open({ stateDir: ctx.stateDir })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_STATE_LOCKED',
+      holderPid: process.pid,
+    });
   });
 
   it('publishes events on diagnostics_channel', async () => {
@@ -303,7 +372,9 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     const fds = () => readdirSync('/proc/self/fd').length;
     const before = fds();
     const ids = Array.from({ length: 200 }, (_, i) => `bulk-${i}`);
-    const insts = await Promise.all(ids.map((id) => ctx.supervisor.launch({ id, command: 'perl', args: (t) => ['-e', 'sleep 300', t, MARKER] })));
+    const insts = await Promise.all(
+      ids.map((id) => ctx.supervisor.launch({ id, command: 'perl', args: (t) => ['-e', 'sleep 300', t, MARKER] })),
+    );
     expect(new Set(insts.map((i) => i.pid)).size).toBe(200);
     expect(ctx.supervisor.list().filter((i) => i.status === 'running')).toHaveLength(200);
     const results = await Promise.all(ids.map((id) => ctx.supervisor.stop(id, { graceMs: 5000 })));
@@ -317,7 +388,12 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
   it('abandons a launch still in flight when the supervisor closes, leaving nothing', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'late.sock');
-    const launching = ctx.supervisor.launch({ id: 'late', command: PYTHON, args: (t) => vmArgs(socket, t, ['--socket-delay', '0.3']), ready: { socket } });
+    const launching = ctx.supervisor.launch({
+      id: 'late',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--socket-delay', '0.3']),
+      ready: { socket },
+    });
     await new Promise((r) => setTimeout(r, 100));
     await ctx.supervisor.close();
     await expect(launching).rejects.toMatchObject({ code: 'ERR_CUSTODY_CLOSED' });
@@ -328,11 +404,18 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
   it('honours an AbortSignal on stop', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'ab.sock');
-    await ctx.supervisor.launch({ id: 'ab', command: PYTHON, args: (t) => vmArgs(socket, t, ['--ignore-term']), ready: { socket } });
+    await ctx.supervisor.launch({
+      id: 'ab',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--ignore-term']),
+      ready: { socket },
+    });
     const ac = new AbortController();
     setTimeout(() => ac.abort(), 100);
     const inst = ctx.supervisor.get('ab')!;
-    await expect(ctx.supervisor.stop('ab', { graceMs: 10_000, signal: ac.signal })).rejects.toMatchObject({ name: 'AbortError' });
+    await expect(ctx.supervisor.stop('ab', { graceMs: 10_000, signal: ac.signal })).rejects.toMatchObject({
+      name: 'AbortError',
+    });
     // Abort means "force it now": killed, proven gone, state removed (test/stop.test.ts has more).
     expect(isGone(inst.pid)).toBe(true);
     expect(ctx.supervisor.list()).toEqual([]);

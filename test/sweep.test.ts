@@ -5,7 +5,18 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { descendants, spawn, sweep, terminateTree, type CustodyEvent } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { exited, isGone, isRoot, killAndWait, loggedSignals, MARKER, SIGNAL_LOGGER, tmpDir, untilReady, waitFor } from './helpers/procs.js';
+import {
+  exited,
+  isGone,
+  isRoot,
+  killAndWait,
+  loggedSignals,
+  MARKER,
+  SIGNAL_LOGGER,
+  tmpDir,
+  untilReady,
+  waitFor,
+} from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -27,7 +38,14 @@ async function logger(log: string, tail: string[], opts: { ignoreTerm?: boolean;
   await untilReady(c.stdout!);
   return c;
 }
-const argvOf = (log: string, tail: string[], ignoreTerm = false) => [PYTHON, '-c', SIGNAL_LOGGER, log, ignoreTerm ? '1' : '0', ...tail];
+const argvOf = (log: string, tail: string[], ignoreTerm = false) => [
+  PYTHON,
+  '-c',
+  SIGNAL_LOGGER,
+  log,
+  ignoreTerm ? '1' : '0',
+  ...tail,
+];
 
 describe(`sweep (${backend.name})`, () => {
   it('ends exact matches only: near-miss argv stays alive and unsignalled', async () => {
@@ -62,7 +80,14 @@ describe(`sweep (${backend.name})`, () => {
     expect((await sweep({ argv, executable: 'not-python', dryRun: true })).matched).toEqual([]);
     expect((await sweep({ argv, executable: PYTHON.split('/').pop()!, dryRun: true })).matched).toHaveLength(1);
     expect(loggedSignals(log)).toEqual([]);
-    for (const bad of [{}, { argv: [] }, { argv: [''] }, { argv: ['a\0b'] }, { argv: ['x'], uid: -1 }, { argv: ['x'], graceMs: -1 }]) {
+    for (const bad of [
+      {},
+      { argv: [] },
+      { argv: [''] },
+      { argv: ['a\0b'] },
+      { argv: ['x'], uid: -1 },
+      { argv: ['x'], graceMs: -1 },
+    ]) {
       await expect(sweep(bad as never)).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
     }
   });
@@ -100,7 +125,7 @@ describe(`sweep (${backend.name})`, () => {
     expect(loggedSignals(log)).toEqual([]);
   });
 
-  it('never touches another uid\'s process with the same argv', async (ctx) => {
+  it("never touches another uid's process with the same argv", async (ctx) => {
     ctx.skip(!isRoot(), 'needs root: starts a process as another uid (65534)');
     const dir = tmpDir();
     cleanups.push(() => dir.cleanup());
@@ -108,9 +133,15 @@ describe(`sweep (${backend.name})`, () => {
     chmodSync(dir.path, 0o777);
     const log = join(dir.path, 'log');
     // perl, not the test's python (it may live under root's home, out of nobody's reach).
-    const script = '$SIG{$_} = sub { open my $f, ">>", $ARGV[0]; print $f "SIG$_[0]\\n"; close $f } for qw(TERM INT HUP USR1 USR2); print "ready\\n"; $| = 1; sleep 1 while 1';
+    const script =
+      '$SIG{$_} = sub { open my $f, ">>", $ARGV[0]; print $f "SIG$_[0]\\n"; close $f } for qw(TERM INT HUP USR1 USR2); print "ready\\n"; $| = 1; sleep 1 while 1';
     const argv = [PERL, '-e', script, log, 'other-uid', MARKER];
-    const other = cpSpawn(PERL, argv.slice(1), { stdio: ['ignore', 'pipe', 'ignore'], uid: 65534, gid: 65534, argv0: PERL });
+    const other = cpSpawn(PERL, argv.slice(1), {
+      stdio: ['ignore', 'pipe', 'ignore'],
+      uid: 65534,
+      gid: 65534,
+      argv0: PERL,
+    });
     children.push(other);
     await untilReady(other.stdout!);
     const r = await sweep({ argv });
@@ -125,15 +156,26 @@ describe(`sweep (${backend.name})`, () => {
     cleanups.push(() => dir.cleanup());
     const events: CustodyEvent[] = [];
     const pattern = [PERL, '-e', 'sleep 300', 'leaked-helper', MARKER];
-    const ctx = await openSupervisor({ onEvent: (e) => events.push(e), sweep: { intervalMs: 100, patterns: [{ argv: pattern }] } });
+    const ctx = await openSupervisor({
+      onEvent: (e) => events.push(e),
+      sweep: { intervalMs: 100, patterns: [{ argv: pattern }] },
+    });
     cleanups.push(() => ctx.dispose());
     // Tracked: launched with exactly that argv plus its token... the token
     // makes it differ, so track one whose argv we then sweep for exactly.
-    const inst = await ctx.supervisor.launch({ id: 'kept', command: PERL, args: (t) => ['-e', 'sleep 300', t, MARKER] });
+    const inst = await ctx.supervisor.launch({
+      id: 'kept',
+      command: PERL,
+      args: (t) => ['-e', 'sleep 300', t, MARKER],
+    });
     const keptArgv = inst.identity.argv;
     const leaked = cpSpawn(PERL, pattern.slice(1), { stdio: 'ignore', argv0: PERL });
     children.push(leaked);
-    await waitFor(() => events.some((e) => e.type === 'sweep' && (e.terminated as number[]).includes(leaked.pid!)), 5000, 'periodic sweep');
+    await waitFor(
+      () => events.some((e) => e.type === 'sweep' && (e.terminated as number[]).includes(leaked.pid!)),
+      5000,
+      'periodic sweep',
+    );
     await exited(leaked);
     const r = await ctx.supervisor.sweep({ argv: keptArgv });
     expect(r.matched).toEqual([]);
@@ -177,8 +219,13 @@ describe(`custody sweep CLI (${backend.name})`, () => {
     const log = join(dir.path, 'log');
     const c = await logger(log, ['cli', MARKER]);
     const cli = join(import.meta.dirname, '..', 'dist', 'cli.js');
-    const run = (args: string[]) => promisify(execFile)(process.execPath, [cli, 'sweep', ...args], { env: { ...process.env, CUSTODY_BACKEND: backend.name } });
-    const dry = JSON.parse((await run(['--exact', '--dry-run', '--json', '--', ...argvOf(log, ['cli', MARKER])])).stdout);
+    const run = (args: string[]) =>
+      promisify(execFile)(process.execPath, [cli, 'sweep', ...args], {
+        env: { ...process.env, CUSTODY_BACKEND: backend.name },
+      });
+    const dry = JSON.parse(
+      (await run(['--exact', '--dry-run', '--json', '--', ...argvOf(log, ['cli', MARKER])])).stdout,
+    );
     expect(dry.matched.map((i: { pid: number }) => i.pid)).toEqual([c.pid]);
     expect(loggedSignals(log)).toEqual([]);
     const real = await run(['--exact', '--', ...argvOf(log, ['cli', MARKER])]);

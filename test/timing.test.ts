@@ -2,7 +2,9 @@
 import { describe, expect, it } from 'vitest';
 import { sleep, TIMED_OUT, within } from '../src/timing.js';
 
-const activeTimers = () => (process as unknown as { getActiveResourcesInfo(): string[] }).getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+const activeTimers = () =>
+  (process as unknown as { getActiveResourcesInfo(): string[] }).getActiveResourcesInfo().filter((r) => r === 'Timeout')
+    .length;
 
 describe('timing', () => {
   it('within() resolves with the value, or TIMED_OUT, and removes its timer either way', async () => {

@@ -21,9 +21,13 @@ async function openAsDarwin(stateDir: string, allowUnprovable: boolean) {
     const list = supervisor.list();
     await supervisor.close();
     console.log(JSON.stringify({ caps: capabilities(), report, list, events }));`;
-  const { stdout } = await promisify(execFile)(process.execPath, ['--import', join(FIXTURES, 'as-darwin.mjs'), '--input-type=module', '-e', script], {
-    env: { ...process.env, CUSTODY_BACKEND: '' },
-  });
+  const { stdout } = await promisify(execFile)(
+    process.execPath,
+    ['--import', join(FIXTURES, 'as-darwin.mjs'), '--input-type=module', '-e', script],
+    {
+      env: { ...process.env, CUSTODY_BACKEND: '' },
+    },
+  );
   return JSON.parse(stdout);
 }
 
@@ -34,14 +38,21 @@ describe(`off Linux, ownership is unprovable (${backend.name})`, () => {
     const log = join(dir.path, 'signals.log');
     const { supervisor } = await Supervisor.open({ stateDir, onEvent: () => {} });
     const socket = join(dir.path, 'vm.sock');
-    const inst = await supervisor.launch({ id: 'vm', command: PYTHON, args: (t) => vmArgs(socket, t, ['--signal-log', log]), ready: { socket } });
+    const inst = await supervisor.launch({
+      id: 'vm',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--signal-log', log]),
+      ready: { socket },
+    });
     await supervisor.close();
     try {
       const strict = await openAsDarwin(stateDir, false);
       expect(strict.caps).toMatchObject({ backend: 'js', platform: 'darwin', proc: false, pidfd: false });
       expect(strict.caps.reason).toMatch(/darwin/);
       expect(strict.report.quarantined).toEqual([{ id: 'vm', pid: inst.pid, reason: 'unprovable' }]);
-      expect(strict.list).toEqual([{ id: 'vm', status: 'quarantined', pid: inst.pid, ppid: null, reason: 'unprovable' }]);
+      expect(strict.list).toEqual([
+        { id: 'vm', status: 'quarantined', pid: inst.pid, ppid: null, reason: 'unprovable' },
+      ]);
       // Quarantine is persisted on disk, so release it before the lenient open.
       const { supervisor: s2 } = await Supervisor.open({ stateDir, onEvent: () => {} });
       expect(s2.list()).toMatchObject([{ id: 'vm', status: 'quarantined', reason: 'unprovable' }]);
@@ -60,7 +71,12 @@ describe(`off Linux, ownership is unprovable (${backend.name})`, () => {
     const stateDir = join(dir.path, 'state');
     const { supervisor } = await Supervisor.open({ stateDir, onEvent: () => {} });
     const socket = join(dir.path, 'vm.sock');
-    const inst = await supervisor.launch({ id: 'vm', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } });
+    const inst = await supervisor.launch({
+      id: 'vm',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t),
+      ready: { socket },
+    });
     await supervisor.close();
     try {
       const lenient = await openAsDarwin(stateDir, true);

@@ -312,7 +312,8 @@ class ChildPidRef implements PidRef {
  * its absence): dash exports one of its own otherwise.
  */
 const PLACE_SHELL = '/bin/sh';
-const PLACE_SCRIPT = 'echo 0 >"$0" || exit 126; case $1 in set:*) PWD=${1#set:}; export PWD;; *) unset PWD;; esac; shift; exec "$@"';
+const PLACE_SCRIPT =
+  'echo 0 >"$0" || exit 126; case $1 in set:*) PWD=${1#set:}; export PWD;; *) unset PWD;; esac; shift; exec "$@"';
 
 function shellUsable(): boolean {
   try {
@@ -334,7 +335,8 @@ export class JsBackend extends ProcReads implements Backend {
     super();
     this.#caps = caps;
     this.cgroupPlacement = shellUsable() ? 'exec-wrapper' : null;
-    if (!this.cgroupPlacement) this.cgroupPlacementReason = `the js backend places children through ${PLACE_SHELL}, which is not executable here`;
+    if (!this.cgroupPlacement)
+      this.cgroupPlacementReason = `the js backend places children through ${PLACE_SHELL}, which is not executable here`;
   }
 
   capabilities(): Capabilities {
@@ -377,7 +379,10 @@ export class JsBackend extends ProcReads implements Backend {
         pidfsId: null,
       };
     }
-    throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), { code: 'EAGAIN', syscall: 'read' });
+    throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), {
+      code: 'EAGAIN',
+      syscall: 'read',
+    });
   }
 
   spawnedHere(): boolean {
@@ -452,7 +457,16 @@ export class JsBackend extends ProcReads implements Backend {
         const argv = splitCmdlineBytes(readFileSync(`${src}/cmdline`));
         // The directory's owner, as the native scan reads it: a hint only.
         const uid = statSync(dir).uid;
-        out.push({ pid: stat.pid, ppid: stat.ppid, pgrp: stat.pgrp, session: stat.session, uid, state, startTicks: stat.startTicks, argv });
+        out.push({
+          pid: stat.pid,
+          ppid: stat.ppid,
+          pgrp: stat.pgrp,
+          session: stat.session,
+          uid,
+          state,
+          startTicks: stat.startTicks,
+          argv,
+        });
       } catch (err) {
         if (!vanished(err)) throw err;
       }
@@ -475,8 +489,10 @@ export class JsBackend extends ProcReads implements Backend {
   spawn(req: SpawnRequest): SpawnedChild {
     // child_process encodes every argument as UTF-8: an escaped byte would
     // reach the program as U+FFFD. Refuse rather than exec something else.
-    if (req.argv.some(hasEscapedBytes) || req.file !== undefined && hasEscapedBytes(req.file)) {
-      throw new UnsupportedError('the js backend cannot pass an argv that is not UTF-8 (child_process encodes it); use the native backend');
+    if (req.argv.some(hasEscapedBytes) || (req.file !== undefined && hasEscapedBytes(req.file))) {
+      throw new UnsupportedError(
+        'the js backend cannot pass an argv that is not UTF-8 (child_process encodes it); use the native backend',
+      );
     }
     const env =
       req.env === null
@@ -514,9 +530,13 @@ export class JsBackend extends ProcReads implements Backend {
  */
 function placed(req: SpawnRequest, env: NodeJS.ProcessEnv): [string, string[], string] {
   const argv0 = req.argv[0] ?? '';
-  const finds = argv0.includes('/') ? resolvePath(req.cwd ?? process.cwd(), argv0) === req.file : basename(req.file) === argv0;
+  const finds = argv0.includes('/')
+    ? resolvePath(req.cwd ?? process.cwd(), argv0) === req.file
+    : basename(req.file) === argv0;
   if (!finds) {
-    throw new UnsupportedError(`the js backend cannot place ${req.file} in a cgroup under argv[0] ${JSON.stringify(argv0)}: its exec wrapper runs argv[0] as given; use the native backend`);
+    throw new UnsupportedError(
+      `the js backend cannot place ${req.file} in a cgroup under argv[0] ${JSON.stringify(argv0)}: its exec wrapper runs argv[0] as given; use the native backend`,
+    );
   }
   const procs = join(req.cgroup!, 'cgroup.procs');
   // A cgroup that is not there (or not ours to write) fails here, at once,
@@ -543,4 +563,3 @@ function spawnFailure(child: ChildProcess, file: string): Error {
   err.path = file;
   return err;
 }
-

@@ -179,7 +179,9 @@ export class NativePidRef implements PidRef {
       try {
         const info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
         if (info) {
-          this.#settle(info.code === CLD_EXITED ? { code: info.status, signal: null } : decodeWaitStatus(info.status & 0x7f));
+          this.#settle(
+            info.code === CLD_EXITED ? { code: info.status, signal: null } : decodeWaitStatus(info.status & 0x7f),
+          );
           return;
         }
       } catch {
@@ -282,7 +284,10 @@ export class NativeBackend extends ProcReads implements Backend {
   inspectPinned(pid: number, options: { reapIfChild?: boolean } = {}): { raw: RawIdentity; ref: PidRef } {
     const r = this.#inspect(pid, undefined, true);
     const origin: Origin = options.reapIfChild ? 'adopted' : 'other';
-    return { raw: fromAddon(r), ref: new NativePidRef(this.#addon, pid, r[7], origin, this.#caps.exitInfoOfNonChildren) };
+    return {
+      raw: fromAddon(r),
+      ref: new NativePidRef(this.#addon, pid, r[7], origin, this.#caps.exitInfoOfNonChildren),
+    };
   }
 
   #inspect(pid: number, procRoot: string | undefined, keepPidfd: boolean): AddonInspect {

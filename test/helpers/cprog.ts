@@ -8,7 +8,9 @@ export const C_FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'c');
 /** Compiles test/fixtures/c/<name>.c into dir; returns the binary's path. */
 export function compileC(name: string, dir: string, flags: string[] = []): string {
   const out = join(dir, name);
-  execFileSync('cc', ['-O2', '-Wall', '-Werror', '-o', out, join(C_FIXTURES, `${name}.c`), ...flags], { stdio: 'inherit' });
+  execFileSync('cc', ['-O2', '-Wall', '-Werror', '-o', out, join(C_FIXTURES, `${name}.c`), ...flags], {
+    stdio: 'inherit',
+  });
   return out;
 }
 

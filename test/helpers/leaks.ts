@@ -113,7 +113,10 @@ export function expectNoLeaks(options: { marker?: string } = {}): void {
     const leakedFds = () => [...openFds()].filter(([fd, target]) => fdsBefore.get(fd) !== target);
     await settle(() => strays().length === 0 && leakedFds().length === 0);
     const left = strays();
-    expect(left.filter((p) => p.state === 'Z'), 'zombies').toEqual([]);
+    expect(
+      left.filter((p) => p.state === 'Z'),
+      'zombies',
+    ).toEqual([]);
     expect(left, 'stray processes').toEqual([]);
     expect(leakedFds(), 'open fds').toEqual([]);
   });

@@ -45,7 +45,10 @@ export async function killAndWait(child: ChildProcess): Promise<void> {
 export function procStat(pid: number): string[] | null {
   try {
     const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return text.slice(text.lastIndexOf(')') + 2).trim().split(' ');
+    return text
+      .slice(text.lastIndexOf(')') + 2)
+      .trim()
+      .split(' ');
   } catch {
     return null;
   }

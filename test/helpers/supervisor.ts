@@ -37,7 +37,8 @@ export async function openSupervisor(extra: Partial<SupervisorOptions> = {}) {
     async dispose() {
       // Stop whatever a failed test left running, then drop the dir.
       for (const info of supervisor.list()) {
-        if (info.status === 'running' || info.status === 'exited') await supervisor.stop(info.id, { graceMs: 500 }).catch(() => {});
+        if (info.status === 'running' || info.status === 'exited')
+          await supervisor.stop(info.id, { graceMs: 500 }).catch(() => {});
       }
       await supervisor.close();
       dir.cleanup();

@@ -18,14 +18,36 @@ const SOAK = process.env.CUSTODY_SOAK === '1';
 const TRIALS = Number(process.env.CUSTODY_CRASH_TRIALS ?? (SOAK ? 200 : 24));
 
 describe(`crash recovery (${backend.name})`, () => {
-  it(`${TRIALS} supervisors SIGKILLed mid-lifecycle: no orphan, no zombie, no stale manifest, no signal to a decoy`, { timeout: SOAK ? 1_800_000 : 240_000 }, async (ctx) => {
+  it(`${TRIALS} supervisors SIGKILLed mid-lifecycle: no orphan, no zombie, no stale manifest, no signal to a decoy`, {
+    timeout: SOAK ? 1_800_000 : 240_000,
+  }, async (ctx) => {
     ctx.skip(!(isRoot() && hasUnshare()), 'needs root and unshare --pid: each trial runs in its own PID namespace');
     const dir = tmpDir('custody-chaos-');
     try {
       const { stdout } = await promisify(execFile)(
         'unshare',
-        ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, join(FIXTURES, 'recover-ns.mjs'), 'chaos', join(dir.path, 'state'), String(TRIALS), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir.path, 'decoys.log'), FAKE_VM, PYTHON],
-        { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: SOAK ? 1_700_000 : 230_000, maxBuffer: 16 << 20 },
+        [
+          '--pid',
+          '--fork',
+          '--kill-child',
+          '--mount-proc',
+          process.execPath,
+          join(FIXTURES, 'recover-ns.mjs'),
+          'chaos',
+          join(dir.path, 'state'),
+          String(TRIALS),
+          SIGNAL_LOGGER,
+          LAUNCHER,
+          PERL,
+          join(dir.path, 'decoys.log'),
+          FAKE_VM,
+          PYTHON,
+        ],
+        {
+          env: { ...process.env, CUSTODY_BACKEND: backend.name },
+          timeout: SOAK ? 1_700_000 : 230_000,
+          maxBuffer: 16 << 20,
+        },
       );
       const r = JSON.parse(stdout.trim().split('\n').pop()!);
       const summary = { trials: r.trials, adopted: 0, cleaned: 0, quarantined: 0 };

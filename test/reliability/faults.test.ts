@@ -119,7 +119,9 @@ describe(`state faults (${backend.name})`, () => {
     mkdirSync(join(stateDir, 'torn'), { recursive: true, mode: 0o700 });
     // A state dir custody 0.1 left: its lock file beside the torn instance.
     writeFileSync(join(stateDir, '.lock'), '', { mode: 0o600 });
-    writeFileSync(join(stateDir, 'torn', '.manifest.abcdef.tmp'), '{"version":1,"id":"torn","token":"', { mode: 0o600 });
+    writeFileSync(join(stateDir, 'torn', '.manifest.abcdef.tmp'), '{"version":1,"id":"torn","token":"', {
+      mode: 0o600,
+    });
     const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
     cleanups.push(() => supervisor.close());
     expect(report.cleaned).toEqual([{ id: 'torn', reason: 'incomplete' }]);
@@ -145,9 +147,13 @@ describe(`state faults (${backend.name})`, () => {
       out.list = supervisor.list();
       await supervisor.close();
       console.log(JSON.stringify(out));`;
-    const { stdout } = await promisify(execFile)('sh', ['-c', `ulimit -n 64 && exec "$0" --input-type=module -e "$1"`, process.execPath, script], {
-      env: { ...process.env, CUSTODY_BACKEND: backend.name },
-    });
+    const { stdout } = await promisify(execFile)(
+      'sh',
+      ['-c', `ulimit -n 64 && exec "$0" --input-type=module -e "$1"`, process.execPath, script],
+      {
+        env: { ...process.env, CUSTODY_BACKEND: backend.name },
+      },
+    );
     const r = JSON.parse(stdout.trim());
     if (backend.name === 'native') expect(r.inspect).toEqual({ code: 'EMFILE', syscall: 'pidfd_open' });
     else expect(r.inspect.code).toBe('EMFILE');

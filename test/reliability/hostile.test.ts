@@ -61,7 +61,8 @@ describe(`hostile manifests (${backend.name})`, () => {
       'not-object': '[1,2,3]',
       'nul-bytes': '\u0000\u0000\u0000',
     };
-    for (const [id, m] of Object.entries(bad)) t.forge(id, typeof m === 'string' ? m : { ...(m as object), id: id === 'id-elsewhere' ? 'someone-else' : id });
+    for (const [id, m] of Object.entries(bad))
+      t.forge(id, typeof m === 'string' ? m : { ...(m as object), id: id === 'id-elsewhere' ? 'someone-else' : id });
     const { supervisor, report } = await Supervisor.open({ stateDir: t.stateDir, onEvent: () => {} });
     cleanups.push(() => supervisor.close());
     expect(report.adopted.map((a) => a.id)).toEqual(['real']);
@@ -70,16 +71,21 @@ describe(`hostile manifests (${backend.name})`, () => {
     expect(report.quarantined.find((e) => e.id === 'id-elsewhere')?.field).toMatch(/does not match its directory/);
   });
 
-  it('a manifest pointing at another uid\'s process is quarantined, and that process is never signalled', async (ctx) => {
+  it("a manifest pointing at another uid's process is quarantined, and that process is never signalled", async (ctx) => {
     ctx.skip(!isRoot(), 'needs root: starts a process as another uid (65534)');
     const t = await withTemplate();
     const dir = tmpDir();
     cleanups.push(() => dir.cleanup());
     chmodSync(dir.path, 0o777);
     const log = join(dir.path, 'log');
-    const script = '$SIG{$_} = sub { open my $f, ">>", $ARGV[0]; print $f "SIG$_[0]\\n"; close $f } for qw(TERM INT HUP USR1 USR2); print "ready\\n"; $| = 1; sleep 1 while 1';
+    const script =
+      '$SIG{$_} = sub { open my $f, ">>", $ARGV[0]; print $f "SIG$_[0]\\n"; close $f } for qw(TERM INT HUP USR1 USR2); print "ready\\n"; $| = 1; sleep 1 while 1';
     // It even carries the token: only the uid gives it away.
-    const other = cpSpawn(PERL, ['-e', script, log, t.template.token, MARKER], { stdio: ['ignore', 'pipe', 'ignore'], uid: 65534, gid: 65534 });
+    const other = cpSpawn(PERL, ['-e', script, log, t.template.token, MARKER], {
+      stdio: ['ignore', 'pipe', 'ignore'],
+      uid: 65534,
+      gid: 65534,
+    });
     kids.push(other);
     await untilReady(other.stdout!);
     t.forge('other-uid', { ...t.template, id: 'other-uid', identity: inspect(other.pid!) });
@@ -113,11 +119,16 @@ describe(`hostile manifests (${backend.name})`, () => {
     const open = join(dir.path, 'open');
     mkdirSync(open, { mode: 0o700 });
     chmodSync(open, 0o777);
-    await expect(Supervisor.open({ stateDir: open })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH', message: expect.stringMatching(/writable by group or others/) });
+    await expect(Supervisor.open({ stateDir: open })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+      message: expect.stringMatching(/writable by group or others/),
+    });
     const real = join(dir.path, 'real');
     mkdirSync(real, { mode: 0o700 });
     symlinkSync(real, join(dir.path, 'link'));
-    await expect(Supervisor.open({ stateDir: join(dir.path, 'link') })).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSAFE_PATH' });
+    await expect(Supervisor.open({ stateDir: join(dir.path, 'link') })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_UNSAFE_PATH',
+    });
   });
 });
 
@@ -128,21 +139,31 @@ describe(`hostile launch input (${backend.name})`, () => {
     const { supervisor } = await Supervisor.open({ stateDir: join(dir.path, 'state'), onEvent: () => {} });
     cleanups.push(() => supervisor.close());
     for (const id of ['a\nb', 'a\0b', 'x'.repeat(129), 'a b', 'ü']) {
-      await expect(supervisor.launch({ id, command: PERL, args: (t) => [t] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+      await expect(supervisor.launch({ id, command: PERL, args: (t) => [t] })).rejects.toMatchObject({
+        code: 'ERR_CUSTODY_INVALID_ARG',
+      });
     }
-    await expect(supervisor.launch({ id: 'nul', command: PERL, args: (t) => ['-e', 'sleep 1', `${t}\0x`] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
-    await expect(supervisor.launch({ id: 'nulcmd', command: 'pe\0rl', args: (t) => [t] })).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await expect(
+      supervisor.launch({ id: 'nul', command: PERL, args: (t) => ['-e', 'sleep 1', `${t}\0x`] }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_INVALID_ARG' });
+    await expect(supervisor.launch({ id: 'nulcmd', command: 'pe\0rl', args: (t) => [t] })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_INVALID_ARG',
+    });
     await expect(
       supervisor.launch({
         id: 'throws',
         command: PERL,
         args: () => {
-          throw new Error('the caller\'s args function failed');
+          throw new Error("the caller's args function failed");
         },
       }),
     ).rejects.toThrow(/args function failed/);
     const long = 'L'.repeat(100_000);
-    const inst = await supervisor.launch({ id: 'odd-argv', command: PERL, args: (t) => ['-e', 'sleep 300', `line1\nline2 ${t}`, long, MARKER] });
+    const inst = await supervisor.launch({
+      id: 'odd-argv',
+      command: PERL,
+      args: (t) => ['-e', 'sleep 300', `line1\nline2 ${t}`, long, MARKER],
+    });
     try {
       expect(inst.identity.argv[4] === long).toBe(true);
       expect(inst.identity.argv[3]).toContain('\n');

@@ -49,7 +49,9 @@ async function pool<T>(n: number, jobs: Array<() => Promise<T>>): Promise<T[]> {
 }
 
 describe(`load (${backend.name})`, () => {
-  it(`${ALIVE} supervised processes alive at once, then ${CYCLES} launch/stop cycles: flat fds and memory`, { timeout: SOAK ? 1_800_000 : 180_000 }, async () => {
+  it(`${ALIVE} supervised processes alive at once, then ${CYCLES} launch/stop cycles: flat fds and memory`, {
+    timeout: SOAK ? 1_800_000 : 180_000,
+  }, async () => {
     const dir = tmpDir('custody-load-');
     // tmpfs: this measures custody, not the disk's fsync.
     const stateDir = join('/dev/shm', `custody-load-${process.pid}-${backend.name}`);
@@ -61,11 +63,17 @@ describe(`load (${backend.name})`, () => {
       const mem0 = process.memoryUsage();
       delay.enable();
       const ids = Array.from({ length: ALIVE }, (_, i) => `alive-${i}`);
-      await pool(CONCURRENCY, ids.map((id) => () => supervisor.launch({ id, command: 'tail', args: idle })));
+      await pool(
+        CONCURRENCY,
+        ids.map((id) => () => supervisor.launch({ id, command: 'tail', args: idle })),
+      );
       expect(supervisor.list().filter((x) => x.status === 'running')).toHaveLength(ALIVE);
       gc();
       const memAlive = process.memoryUsage();
-      await pool(CONCURRENCY, ids.map((id) => () => supervisor.stop(id, { graceMs: 5000 })));
+      await pool(
+        CONCURRENCY,
+        ids.map((id) => () => supervisor.stop(id, { graceMs: 5000 })),
+      );
       expect(fds()).toBe(fd0);
 
       const samples: Array<{ cycle: number; heap: number; rss: number; fds: number }> = [];

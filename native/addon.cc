@@ -30,15 +30,12 @@ void ThrowErrno(const Napi::Env& env, int err, const char* syscall) {
   throw ErrnoError(env, err, syscall);
 }
 
-int64_t ArgInteger(const Napi::CallbackInfo& info, size_t i, const char* name, int64_t min, int64_t max) {
+int64_t IntegerValue(const Napi::Env& env, const Napi::Value& value, const char* name, int64_t min, int64_t max) {
   // The TypeScript layer validates; this guard keeps a wrong call from
   // reaching the kernel with a different value than it asked for. A double
   // is never narrowed: Int32Value(2^32 + 5) is 5, which would pin pid 5.
-  Napi::Env env = info.Env();
-  if (info.Length() <= i || !info[i].IsNumber()) {
-    throw Napi::TypeError::New(env, std::string(name) + " must be a number");
-  }
-  double v = info[i].As<Napi::Number>().DoubleValue();
+  if (!value.IsNumber()) throw Napi::TypeError::New(env, std::string(name) + " must be a number");
+  double v = value.As<Napi::Number>().DoubleValue();
   if (!(v >= static_cast<double>(min) && v <= static_cast<double>(max)) || v != static_cast<double>(static_cast<int64_t>(v))) {
     Napi::Error err = Napi::RangeError::New(
         env, std::string(name) + " must be an integer from " + std::to_string(min) + " to " + std::to_string(max));
@@ -46,6 +43,12 @@ int64_t ArgInteger(const Napi::CallbackInfo& info, size_t i, const char* name, i
     throw err;
   }
   return static_cast<int64_t>(v);
+}
+
+int64_t ArgInteger(const Napi::CallbackInfo& info, size_t i, const char* name, int64_t min, int64_t max) {
+  Napi::Env env = info.Env();
+  if (info.Length() <= i) throw Napi::TypeError::New(env, std::string(name) + " must be a number");
+  return IntegerValue(env, info[i], name, min, max);
 }
 
 int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name) {
@@ -136,9 +139,6 @@ Napi::Value Probe(const Napi::CallbackInfo& info) {
     out.Set("pidfdSendSignal", name(ENOSYS));
     out.Set("waitidPidfd", name(ENOSYS));
   }
-  // close_range (Linux 5.9) on an empty range is a harmless probe.
-  int rc = static_cast<int>(syscall(__NR_close_range, ~0U, ~0U, 0));
-  out.Set("closeRange", name(rc == -1 ? errno : 0));
   return out;
 }
 
@@ -172,8 +172,6 @@ Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
 
   Napi::Object constants = Napi::Object::New(env);
   constants.Set("LOCK_EX", LOCK_EX);
-  constants.Set("LOCK_SH", LOCK_SH);
-  constants.Set("LOCK_UN", LOCK_UN);
   constants.Set("LOCK_NB", LOCK_NB);
   constants.Set("WEXITED", WEXITED);
   constants.Set("WNOHANG", WNOHANG);

@@ -84,6 +84,7 @@ constexpr idtype_t kPidfdIdtype = static_cast<idtype_t>(3);
   })
 
 struct ExitWatcher;
+struct WatchSet;
 struct NotifySocket;
 
 // Everything the addon owns for one Node environment (main thread or a
@@ -96,6 +97,8 @@ struct AddonData {
   std::unordered_set<int> pidfds;
   std::unordered_map<uint32_t, ExitWatcher*> watchers;
   uint32_t next_watcher_id = 1;
+  // The one epoll set every exit watcher sits in (pidfd.cc), made on first use.
+  WatchSet* watch_set = nullptr;
   // sd_notify sockets (notify.cc), by the same id sequence as watchers.
   std::unordered_map<uint32_t, NotifySocket*> notify_sockets;
   // spawn's reserved stdio slots: fds on /dev/null opened when the addon
@@ -112,6 +115,7 @@ Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall);
 [[noreturn]] void ThrowErrno(const Napi::Env& env, int err, const char* syscall);
 
 // Integer arguments, range-checked (RangeError with code ERR_OUT_OF_RANGE).
+int64_t IntegerValue(const Napi::Env& env, const Napi::Value& value, const char* name, int64_t min, int64_t max);
 int64_t ArgInteger(const Napi::CallbackInfo& info, size_t i, const char* name, int64_t min, int64_t max);
 int ArgInt(const Napi::CallbackInfo& info, size_t i, const char* name);
 int ArgPid(const Napi::CallbackInfo& info, size_t i);

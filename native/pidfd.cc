@@ -4,70 +4,130 @@
 
 #include <linux/types.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 
 #include <cstring>
+#include <vector>
 
 namespace custody {
 
 
-// One uv_poll on a pidfd. A pidfd polls readable once the whole thread group
-// has exited; the watcher fires once and stops itself. The pidfd stays owned
-// by JavaScript, which must unwatch before it closes the fd.
+// Exit watchers share one epoll set, and libuv polls only that set: a pidfd
+// polls readable once the whole thread group has exited. One uv_poll per
+// pidfd cost six epoll_ctl calls and an ioctl per spawn (libuv's fd check,
+// its ADD/DEL pairs, FIONBIO); here a watch is one EPOLL_CTL_ADD with
+// EPOLLONESHOT, so the kernel disarms the entry as it reports it, and the
+// entry leaves the set by itself when JavaScript closes the pidfd (epoll drops
+// a file's entries when its last reference goes). Children that exit together
+// are reported by one epoll_wait. The pidfd stays owned by JavaScript, which
+// must unwatch before it closes the fd.
 struct ExitWatcher {
-  uv_poll_t poll;
   uint32_t id = 0;
-  AddonData* data = nullptr;
+  int fd = -1;
+  bool refed = true;
   Napi::FunctionReference callback;
+};
+
+struct WatchSet {
+  int epfd = -1;
+  uv_poll_t poll;
+  AddonData* owner = nullptr;
+  napi_env env = nullptr;
+  // One async context for every exit callback: the callbacks of one epoll
+  // batch run inside one callback scope, and JavaScript's microtasks (the
+  // promise reactions they trigger) run once, after the batch, as after
+  // any I/O callback. A context per watcher cost an async resource per spawn.
   Napi::AsyncContext* context = nullptr;
-  bool closing = false;
+  // Pending watchers that keep the loop alive: the one uv_poll is ref'd
+  // exactly while this is non-zero, as a ChildProcess handle would be.
+  size_t refs = 0;
 };
 
 namespace {
 
-void OnWatcherClosed(uv_handle_t* handle) {
-  delete static_cast<ExitWatcher*>(handle->data);
+void OnWatchSetClosed(uv_handle_t* handle) {
+  delete static_cast<WatchSet*>(handle->data);
 }
 
-void StopWatcher(ExitWatcher* w) {
-  if (w->closing) return;
-  w->closing = true;
-  w->data->watchers.erase(w->id);
-  // uv_poll_stop removes the fd from epoll now, so the caller may close the
-  // pidfd right after; the handle itself is freed when uv_close completes.
-  uv_poll_stop(&w->poll);
-  w->callback.Reset();
-  delete w->context;
-  w->context = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), OnWatcherClosed);
+void AddRef(AddonData* data, ExitWatcher* w, bool refed) {
+  if (w->refed == refed) return;
+  w->refed = refed;
+  WatchSet* set = data->watch_set;
+  auto* handle = reinterpret_cast<uv_handle_t*>(&set->poll);
+  if (refed && set->refs++ == 0) uv_ref(handle);
+  if (!refed && --set->refs == 0) uv_unref(handle);
 }
 
-void OnPidfdReadable(uv_poll_t* handle, int status, int /*events*/) {
-  auto* w = static_cast<ExitWatcher*>(handle->data);
-  if (w->closing) return;
-  Napi::Env env = w->callback.Env();
-  Napi::HandleScope scope(env);
-  Napi::Function fn = w->callback.Value();
-  Napi::AsyncContext* context = w->context;
-  w->context = nullptr;  // StopWatcher must not delete it while we use it
-  StopWatcher(w);
-  Napi::Value arg = status < 0 ? static_cast<Napi::Value>(Napi::String::New(env, uv_err_name(status)))
-                               : env.Null();
-  // MakeCallback, not Call: JavaScript's microtasks run after the callback,
-  // as for any I/O callback.
-  try {
-    fn.MakeCallback(env.Global(), {arg}, *context);
-  } catch (const Napi::Error& e) {
-    delete context;
-    // An exception thrown by the JS callback becomes an uncaught exception,
-    // as it would for any other I/O callback.
-    napi_fatal_exception(env, e.Value());
-    return;
+// Forgets a watcher. `disarm`: its pidfd is still armed in the set (it has
+// not fired), so take it out now; the caller may close the fd right after.
+void DropWatcher(AddonData* data, ExitWatcher* w, bool disarm) {
+  if (disarm) epoll_ctl(data->watch_set->epfd, EPOLL_CTL_DEL, w->fd, nullptr);  // ENOENT/EBADF: gone already
+  AddRef(data, w, false);
+  data->watchers.erase(w->id);
+  delete w;
+}
+
+void OnWatchSetReadable(uv_poll_t* handle, int status, int /*events*/) {
+  AddonData* data = static_cast<WatchSet*>(handle->data)->owner;
+  // Up to 64 exits per turn; level-triggered, the set polls readable again
+  // while more are pending.
+  struct epoll_event events[64];
+  int n = status < 0 ? 0 : epoll_wait(data->watch_set->epfd, events, 64, 0);
+  if (n <= 0) return;  // EINTR or nothing: the next turn sees it
+  uint32_t ids[64];
+  for (int i = 0; i < n; i++) ids[i] = static_cast<uint32_t>(events[i].data.u64);
+  Napi::Env env(data->watch_set->env);
+  Napi::HandleScope handles(env);
+  Napi::CallbackScope scope(env, *data->watch_set->context);
+  for (int i = 0; i < n; i++) {
+    // Looked up one by one: an earlier callback may have unwatched a later one.
+    auto it = data->watchers.find(ids[i]);
+    if (it == data->watchers.end()) continue;
+    ExitWatcher* w = it->second;
+    Napi::Function fn = w->callback.Value();
+    DropWatcher(data, w, false);  // EPOLLONESHOT disarmed it
+    try {
+      fn.Call(env.Global(), {env.Null()});
+    } catch (const Napi::Error& e) {
+      // An exception thrown by the JS callback becomes an uncaught
+      // exception, as it would for any other I/O callback.
+      napi_fatal_exception(env, e.Value());
+    }
   }
-  delete context;
+}
+
+// The set: made when the addon loads (so its one fd sits with the addon's
+// other fds, below every pidfd), or on first use if that failed.
+WatchSet* EnsureWatchSet(const Napi::Env& env, AddonData* data) {
+  if (data->watch_set != nullptr) return data->watch_set;
+  int epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd == -1) ThrowErrno(env, errno, "epoll_create1");
+  auto* set = new WatchSet();
+  set->epfd = epfd;
+  set->owner = data;
+  set->env = env;
+  int rc = uv_poll_init(data->loop, &set->poll, epfd);
+  if (rc != 0) {
+    close(epfd);
+    delete set;
+    ThrowErrno(env, -rc, "uv_poll_init");
+  }
+  set->poll.data = set;
+  rc = uv_poll_start(&set->poll, UV_READABLE, OnWatchSetReadable);
+  if (rc != 0) {
+    close(epfd);
+    uv_close(reinterpret_cast<uv_handle_t*>(&set->poll), OnWatchSetClosed);
+    ThrowErrno(env, -rc, "uv_poll_start");
+  }
+  set->context = new Napi::AsyncContext(env, "custody:pidfd");
+  // Idle until a ref'd watcher is pending.
+  uv_unref(reinterpret_cast<uv_handle_t*>(&set->poll));
+  data->watch_set = set;
+  return set;
 }
 
 Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
@@ -142,33 +202,40 @@ Napi::Value PidfsId(const Napi::CallbackInfo& info) {
   return Napi::String::New(env, std::to_string(static_cast<unsigned long long>(st.st_ino)));
 }
 
-// watch(fd, callback) -> id. callback(error: string | null) runs once on the
-// loop when the pidfd becomes readable (the process exited).
+// watch(fd, callback) -> id. callback(null) runs once on the loop when the
+// pidfd becomes readable (the process exited). One watcher per fd: a second
+// watch of a pending fd is EEXIST.
 Napi::Value Watch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   int fd = ArgFd(info, 0);
   if (info.Length() < 2 || !info[1].IsFunction()) throw Napi::TypeError::New(env, "callback must be a function");
   AddonData* data = GetData(env);
-  auto* w = new ExitWatcher();
-  int rc = uv_poll_init(data->loop, &w->poll, fd);
-  if (rc != 0) {
-    delete w;
-    ThrowErrno(env, -rc, "uv_poll_init");
-  }
-  w->poll.data = w;
-  w->data = data;
-  w->id = data->next_watcher_id++;
+  WatchSet* set = EnsureWatchSet(env, data);
+  uint32_t id = data->next_watcher_id++;
   if (data->next_watcher_id == 0) data->next_watcher_id = 1;
-  rc = uv_poll_start(&w->poll, UV_READABLE, OnPidfdReadable);
-  if (rc != 0) {
-    w->closing = true;
-    uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), OnWatcherClosed);
-    ThrowErrno(env, -rc, "uv_poll_start");
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = id;
+  if (epoll_ctl(set->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
+    // EEXIST: this pidfd fired before and stays in the set disarmed (its
+    // entry leaves only with its last close); re-arm it, unless a watcher is
+    // still pending on it.
+    int err = errno;
+    if (err != EEXIST) ThrowErrno(env, err, "epoll_ctl");
+    for (auto& entry : data->watchers) {
+      if (entry.second->fd == fd) ThrowErrno(env, EEXIST, "epoll_ctl");
+    }
+    if (epoll_ctl(set->epfd, EPOLL_CTL_MOD, fd, &ev) == -1) ThrowErrno(env, errno, "epoll_ctl");
   }
+  auto* w = new ExitWatcher();
+  w->id = id;
+  w->fd = fd;
+  w->refed = false;
   w->callback = Napi::Persistent(info[1].As<Napi::Function>());
-  w->context = new Napi::AsyncContext(env, "custody:pidfd");
-  data->watchers[w->id] = w;
-  return Napi::Number::New(env, w->id);
+  data->watchers[id] = w;
+  AddRef(data, w, true);
+  return Napi::Number::New(env, id);
 }
 
 ExitWatcher* FindWatcher(const Napi::CallbackInfo& info) {
@@ -181,34 +248,40 @@ ExitWatcher* FindWatcher(const Napi::CallbackInfo& info) {
 // unwatch(id): stops a watcher that has not fired. Unknown ids are ignored
 // so that a watcher that already fired can be unwatched without a race.
 Napi::Value Unwatch(const Napi::CallbackInfo& info) {
-  if (ExitWatcher* w = FindWatcher(info)) StopWatcher(w);
+  if (ExitWatcher* w = FindWatcher(info)) DropWatcher(GetData(info.Env()), w, true);
   return info.Env().Undefined();
 }
 
 // watchRef(id, ref): whether a pending watcher keeps the loop alive, as
 // ChildProcess.ref()/unref() do.
 Napi::Value WatchRef(const Napi::CallbackInfo& info) {
-  if (ExitWatcher* w = FindWatcher(info)) {
-    auto* handle = reinterpret_cast<uv_handle_t*>(&w->poll);
-    if (info.Length() > 1 && info[1].ToBoolean().Value()) {
-      uv_ref(handle);
-    } else {
-      uv_unref(handle);
-    }
-  }
+  if (ExitWatcher* w = FindWatcher(info)) AddRef(GetData(info.Env()), w, info.Length() > 1 && info[1].ToBoolean().Value());
   return info.Env().Undefined();
 }
 
 }  // namespace
 
 void CleanupWatchers(AddonData* data) {
-  // Copy: StopWatcher erases from the map.
+  // Copy: DropWatcher erases from the map.
   std::vector<ExitWatcher*> all;
   for (auto& entry : data->watchers) all.push_back(entry.second);
-  for (ExitWatcher* w : all) StopWatcher(w);
+  for (ExitWatcher* w : all) DropWatcher(data, w, true);
+  if (WatchSet* set = data->watch_set) {
+    data->watch_set = nullptr;
+    uv_poll_stop(&set->poll);
+    close(set->epfd);
+    delete set->context;
+    set->context = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(&set->poll), OnWatchSetClosed);
+  }
 }
 
 void InitPidfd(Napi::Env env, Napi::Object exports) {
+  try {
+    EnsureWatchSet(env, GetData(env));
+  } catch (const Napi::Error&) {
+    // EMFILE or the like at load: watch() tries again, and reports it.
+  }
   exports.Set("pidfdOpen", Napi::Function::New(env, PidfdOpen, "pidfdOpen"));
   exports.Set("pidfdSendSignal", Napi::Function::New(env, PidfdSendSignal, "pidfdSendSignal"));
   exports.Set("waitid", Napi::Function::New(env, Waitid, "waitid"));

@@ -210,25 +210,14 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
     throw Napi::TypeError::New(env, "stdio must be three fds");
   }
   for (uint32_t i = 0; i < 3; i++) {
-    Napi::Value fd = stdio_v.As<Napi::Array>().Get(i);
-    if (!fd.IsNumber()) throw Napi::TypeError::New(env, "stdio must be three fds");
-    double v = fd.As<Napi::Number>().DoubleValue();
-    if (!(v >= 0 && v <= INT32_MAX) || v != static_cast<double>(static_cast<int>(v))) {
-      throw Napi::RangeError::New(env, "stdio fds must be integers from 0 to 2^31-1");
-    }
-    a.stdio[i] = static_cast<int>(v);
+    // -1: /dev/null, the addon's own (see InitSpawn).
+    a.stdio[i] = static_cast<int>(IntegerValue(env, stdio_v.As<Napi::Array>().Get(i), "stdio fd", -1, INT32_MAX));
   }
   a.new_session = opts.Get("newSession").ToBoolean().Value();
   a.new_group = opts.Get("newGroup").ToBoolean().Value();
   a.cgroup_procs = -1;
   Napi::Value cg = opts.Get("cgroupProcs");
-  if (!cg.IsUndefined() && !cg.IsNull()) {
-    double v = cg.IsNumber() ? cg.As<Napi::Number>().DoubleValue() : -1;
-    if (!(v >= 0 && v <= INT32_MAX) || v != static_cast<double>(static_cast<int>(v))) {
-      throw Napi::RangeError::New(env, "cgroupProcs must be an fd from 0 to 2^31-1");
-    }
-    a.cgroup_procs = static_cast<int>(v);
-  }
+  if (!cg.IsUndefined() && !cg.IsNull()) a.cgroup_procs = static_cast<int>(IntegerValue(env, cg, "cgroupProcs", 0, INT32_MAX));
   // copyFdTable: clone without CLONE_FILES (the child gets a full copy of
   // the table at clone), for tools that cannot follow a child sharing it,
   // such as valgrind, which refuses such a clone outright.
@@ -246,6 +235,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int pidfd = -1;
+  int null_fd = -1;
   // glibc's clone() switches to the new stack for us; CLONE_PIDFD (Linux 5.2)
   // stores the pidfd through the parent_tid argument. SIGCHLD as the exit
   // signal keeps the child an ordinary child for waitid and for whoever
@@ -253,31 +243,56 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD;
   AddonData* data = GetData(env);
   bool use_slots = data->spawn_slot_null >= 0 && !copy_fd_table;
+  // Slots that hold something other than /dev/null for this spawn.
+  bool slot_used[3] = {false, false, false};
+  for (int i = 0; i < 3; i++) {
+    if (a.stdio[i] != -1) continue;
+    if (data->spawn_slot_null < 0) {
+      // No slots on this kernel: a /dev/null of this spawn's own.
+      null_fd = null_fd >= 0 ? null_fd : open("/dev/null", O_RDWR | O_CLOEXEC);
+      if (null_fd == -1) {
+        int err = errno;
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        ThrowErrno(env, err, "open");
+      }
+      a.stdio[i] = null_fd;
+    } else {
+      // The addon's /dev/null sits below the slots, so it is in the child's
+      // copy of the table: no dup3 needed.
+      a.stdio[i] = data->spawn_slot_null;
+    }
+  }
   if (use_slots) {
     // Sources above the slots are dup3()'d onto them (dup3, not dup2: the
     // slot must stay close-on-exec, or another thread's child would inherit
     // it), so that everything the child needs sits below keep_below.
+    // A source already below keep_below (the addon's /dev/null, an fd
+    // opened before the slots) is in the child's copy as it is.
     unsigned int keep_below = 3;
+    for (int slot : data->spawn_slots) keep_below = std::max(keep_below, static_cast<unsigned int>(slot) + 1);
     for (int i = 0; i < 3; i++) {
-      if (a.stdio[i] >= 3) {
-        if (dup3(a.stdio[i], data->spawn_slots[i], O_CLOEXEC) == -1) {
-          int err = errno;
-          pthread_sigmask(SIG_SETMASK, &old, nullptr);
-          ThrowErrno(env, err, "dup3");
+      if (static_cast<unsigned int>(a.stdio[i]) < keep_below) continue;
+      if (dup3(a.stdio[i], data->spawn_slots[i], O_CLOEXEC) == -1) {
+        int err = errno;
+        for (int j = 0; j < i; j++) {
+          if (slot_used[j]) dup3(data->spawn_slot_null, data->spawn_slots[j], O_CLOEXEC);
         }
-        a.stdio[i] = data->spawn_slots[i];
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        ThrowErrno(env, err, "dup3");
       }
-      keep_below = std::max(keep_below, static_cast<unsigned int>(data->spawn_slots[i]) + 1);
+      a.stdio[i] = data->spawn_slots[i];
+      slot_used[i] = true;
     }
     a.keep_below = keep_below;
     flags |= CLONE_FILES;
   }
   pid_t pid = clone(ChildMain, stack + kStackSize, flags, &a, &pidfd);
   int clone_errno = errno;
-  if (use_slots) {
-    // Back to /dev/null: a slot still holding a pipe's write end would keep
-    // its reader from ever seeing end-of-file.
-    for (int i = 0; i < 3; i++) dup3(data->spawn_slot_null, data->spawn_slots[i], O_CLOEXEC);
+  if (null_fd >= 0) close(null_fd);
+  // Back to /dev/null: a slot still holding a pipe's write end would keep
+  // its reader from ever seeing end-of-file.
+  for (int i = 0; i < 3; i++) {
+    if (slot_used[i]) dup3(data->spawn_slot_null, data->spawn_slots[i], O_CLOEXEC);
   }
 #if defined(__SANITIZE_ADDRESS__)
   // The child ran on this array and exec'd without returning: AddressSanitizer

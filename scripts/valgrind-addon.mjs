@@ -69,11 +69,10 @@ try {
     call('pidfdOpen(gone)', () => addon.pidfdOpen(2 ** 22 - 1), ['ESRCH']);
 
     const p = call('pipe', () => addon.pipe());
-    if (p) p.forEach((fd) => call('close', () => addon.close(fd)));
+    if (p) for (const fd of p) call('close', () => addon.close(fd));
     const fd = openSync(lockFile, 'r+');
     call('flock(EX|NB)', () => addon.flock(fd, C.LOCK_EX | C.LOCK_NB));
-    call('flock(UN)', () => addon.flock(fd, C.LOCK_UN));
-    closeSync(fd);
+    closeSync(fd); // releases the lock
     call('setChildSubreaper', () => addon.setChildSubreaper(true));
     call('getChildSubreaper', () => addon.getChildSubreaper());
     call('setChildSubreaper', () => addon.setChildSubreaper(false));

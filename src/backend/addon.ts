@@ -17,7 +17,7 @@ export interface NativeAddon {
   pipe(): [number, number];
   setChildSubreaper(on: boolean): void;
   getChildSubreaper(): boolean;
-  probe(): { release?: string; pidfdOpen: string; pidfdSendSignal: string; waitidPidfd: string; closeRange: string };
+  probe(): { release?: string; pidfdOpen: string; pidfdSendSignal: string; waitidPidfd: string };
   pidfdOpen(pid: number, flags?: number): number;
   pidfdSendSignal(fd: number, signo: number): void;
   waitid(fd: number, options: number): { pid: number; code: number; status: number } | null;
@@ -62,8 +62,6 @@ export interface NativeAddon {
   notifyProbe(): string;
   constants: {
     LOCK_EX: number;
-    LOCK_SH: number;
-    LOCK_UN: number;
     LOCK_NB: number;
     WEXITED: number;
     WNOHANG: number;

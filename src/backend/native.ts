@@ -259,14 +259,10 @@ export class NativeBackend extends ProcReads implements Backend {
   #caps: Capabilities;
   #bootId: string | undefined;
 
-  /** One /dev/null for every 'ignore', opened once (close-on-exec, as Node opens everything). */
-  #devNull: number;
-
   constructor(addon: NativeAddon, caps: Capabilities) {
     super();
     this.#addon = addon;
     this.#caps = caps;
-    this.#devNull = openSync('/dev/null', 'r+');
   }
 
   get addon(): NativeAddon {
@@ -425,7 +421,8 @@ export class NativeBackend extends ProcReads implements Backend {
     try {
       req.stdio.forEach((target, i) => {
         if (target === 'inherit') fds[i] = i;
-        else if (target === 'ignore') fds[i] = this.#devNull;
+        // -1: the addon's own /dev/null, already where the child can take it without a dup.
+        else if (target === 'ignore') fds[i] = -1;
         else if (target === 'pipe') {
           const [r, w] = this.#addon.pipe();
           const childEnd = i === 0 ? r : w;

@@ -375,6 +375,31 @@ Napi::Value ReadBootId(const Napi::CallbackInfo& info) {
   return Napi::String::New(env, id);
 }
 
+// Calls visit(rootfd, name) for every numeric entry of the proc root, in
+// readdir order. visit returns 0 to go on or an errno to end the walk with
+// (a process that vanished is the visitor's to skip: it returns 0). Returns
+// 0 at the end of the directory, else the errno, with *call naming the call
+// that failed. The one readdir loop of every threadpool scan.
+template <typename Visit>
+int ForEachPid(const std::string& root, const char** call, Visit visit) {
+  *call = "opendir";
+  DIR* d = opendir(root.c_str());
+  if (d == nullptr) return errno;
+  std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
+  int rootfd = dirfd(d);
+  for (;;) {
+    errno = 0;
+    struct dirent* e = readdir(d);
+    if (e == nullptr) {
+      *call = "readdir";
+      return errno;
+    }
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    int err = visit(rootfd, e->d_name);
+    if (err != 0) return err;
+  }
+}
+
 // One row of a process-table scan, gathered off the JavaScript thread.
 struct ScanRow {
   Stat stat;
@@ -389,26 +414,11 @@ struct ScanRow {
 // with a few free fds, ENOMEM) ends the scan with its errno and the call
 // that failed, because skipping it would report a live process as absent.
 int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const char** call) {
-  *call = "opendir";
-  DIR* d = opendir(root.c_str());
-  if (d == nullptr) return errno;
-  std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
-  int rootfd = dirfd(d);
   std::string stat_text;
-  for (;;) {
-    errno = 0;
-    struct dirent* e = readdir(d);
-    if (e == nullptr) {
-      *call = "readdir";
-      return errno;
-    }
-    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+  return ForEachPid(root, call, [&](int rootfd, const char* name) -> int {
     *call = "openat";
-    int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
-    if (pdir == -1) {
-      if (Vanished(errno)) continue;
-      return errno;
-    }
+    int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+    if (pdir == -1) return Vanished(errno) ? 0 : errno;
     Fd guard(pdir);
     ScanRow row;
     *call = "read";
@@ -422,10 +432,7 @@ int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const cha
       thread.fd = t;
     }
     if (err == 0) err = ReadAt(thread.fd >= 0 ? thread.fd : pdir, "cmdline", &row.cmdline);
-    if (err != 0) {
-      if (Vanished(err)) continue;
-      return err;
-    }
+    if (err != 0) return Vanished(err) ? 0 : err;
     // The directory's owner is the process's effective uid (root when it is
     // not dumpable): a hint for filtering, at the cost of one fstat instead
     // of rendering /proc/<pid>/status, a third of the scan. Proof of the
@@ -433,7 +440,8 @@ int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const cha
     struct stat dst;
     row.owner_uid = fstat(pdir, &dst) == 0 ? static_cast<long long>(dst.st_uid) : -1;
     rows->push_back(std::move(row));
-  }
+    return 0;
+  });
 }
 
 // A job on the libuv threadpool that reads /proc and settles a promise: the
@@ -552,28 +560,16 @@ class MatchWorker : public ProcWorker {
 
  private:
   int Match(const char** call) {
-    *call = "opendir";
-    DIR* d = opendir(root_.c_str());
-    if (d == nullptr) return errno;
-    std::unique_ptr<DIR, int (*)(DIR*)> dir_guard(d, closedir);
-    int rootfd = dirfd(d);
     std::string cmdline;
     std::string stat_text;
     char path[sizeof(((struct dirent*)nullptr)->d_name) + 16];
-    for (;;) {
-      errno = 0;
-      struct dirent* e = readdir(d);
-      if (e == nullptr) {
-        *call = "readdir";
-        return errno;
-      }
-      if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
-      snprintf(path, sizeof path, "%s/cmdline", e->d_name);
+    return ForEachPid(root_, call, [&](int rootfd, const char* name) -> int {
+      snprintf(path, sizeof path, "%s/cmdline", name);
       *call = "read";
       int err = ReadAt(rootfd, path, &cmdline);
       if (err == 0 && cmdline.empty() && !want_.empty()) {
         // Empty: a kernel thread, a zombie, or a zombie leader with live threads.
-        int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+        int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
         if (pdir == -1) {
           err = errno;
         } else {
@@ -588,14 +584,12 @@ class MatchWorker : public ProcWorker {
           }
         }
       }
-      if (err != 0) {
-        if (Vanished(err)) continue;
-        return err;
-      }
+      if (err != 0) return Vanished(err) ? 0 : err;
       // A trailing NUL ends the last argument; a rewritten argv may lack it.
       if (!cmdline.empty() && cmdline.back() != '\0') cmdline.push_back('\0');
-      if (cmdline == want_) pids_.push_back(atoll(e->d_name));
-    }
+      if (cmdline == want_) pids_.push_back(atoll(name));
+      return 0;
+    });
   }
 
   std::string root_;
@@ -616,6 +610,51 @@ Napi::Value MatchArgv(const Napi::CallbackInfo& info) {
     want.push_back('\0');
   }
   auto* worker = new MatchWorker(env, root, std::move(want));  // deleted by N-API once done
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
+
+// listSessions(procRoot) -> Promise of an Int32Array [pid, session, ...]:
+// every process's session, from stat alone. A tree stop looks for the
+// members of its instance's session after a parent was killed (they are
+// re-parented away but keep the session); one scan, off the JavaScript
+// thread, serves every stop in flight.
+class SessionWorker : public ProcWorker {
+ public:
+  SessionWorker(Napi::Env env, std::string root) : ProcWorker(env, "custody:sessions"), root_(std::move(root)) {}
+
+ protected:
+  int Run(const char** call) override {
+    std::string stat_text;
+    char path[sizeof(((struct dirent*)nullptr)->d_name) + 16];
+    return ForEachPid(root_, call, [&](int rootfd, const char* name) -> int {
+      snprintf(path, sizeof path, "%s/stat", name);
+      *call = "read";
+      Stat st;
+      int err = ReadAt(rootfd, path, &stat_text);
+      if (err == 0 && !ParseStat(stat_text, &st)) err = EPROTO;
+      if (err != 0) return Vanished(err) ? 0 : err;
+      pairs_.push_back(static_cast<int32_t>(st.pid));
+      pairs_.push_back(static_cast<int32_t>(st.session));
+      return 0;
+    });
+  }
+
+  Napi::Value Result(Napi::Env env) override {
+    Napi::Int32Array out = Napi::Int32Array::New(env, pairs_.size());
+    if (!pairs_.empty()) memcpy(out.Data(), pairs_.data(), pairs_.size() * sizeof(int32_t));
+    return out;
+  }
+
+ private:
+  std::string root_;
+  std::vector<int32_t> pairs_;
+};
+
+Napi::Value ListSessions(const Napi::CallbackInfo& info) {
+  std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
+  auto* worker = new SessionWorker(info.Env(), root);  // deleted by N-API once done
   Napi::Promise promise = worker->Promise();
   worker->Queue();
   return promise;
@@ -710,6 +749,7 @@ void InitProc(Napi::Env env, Napi::Object exports) {
   exports.Set("listProcesses", Napi::Function::New(env, ListProcesses, "listProcesses"));
   exports.Set("decodeBytes", Napi::Function::New(env, DecodeBytesJs, "decodeBytes"));
   exports.Set("matchArgv", Napi::Function::New(env, MatchArgv, "matchArgv"));
+  exports.Set("listSessions", Napi::Function::New(env, ListSessions, "listSessions"));
 }
 
 }  // namespace custody

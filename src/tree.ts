@@ -96,14 +96,14 @@ class MemberSet {
    * `full`, the session's members too (re-parented away from a killed
    * parent). Repeats while a pass finds some (bounded); returns how many.
    */
-  grow(full: boolean): number {
+  async grow(full: boolean): Promise<number> {
     let added = 0;
     for (let pass = 0; pass < 64; pass++) {
       const before = added;
       const live = [...this.all.values()].filter((m) => !m.hasExited);
       const members: Members = { pids: new Set(live.map((m) => m.pid)), session: this.#session };
       const found = live.flatMap((m) => backend.children(m.pid));
-      if (full && this.#session !== null) found.push(...backend.sessionMembers(this.#session));
+      if (full && this.#session !== null) found.push(...(await backend.sessionMembers(this.#session)));
       for (const pid of found) {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);
@@ -164,7 +164,7 @@ export async function terminateMembers(
   try {
     // A full scan (the session) before TERM, at escalation and after each
     // KILL; between them only children, which are cheap to list.
-    set.grow(true);
+    await set.grow(true);
     set.signal(term);
     const deadline = Date.now() + graceMs;
     let escalated = false;
@@ -172,18 +172,18 @@ export async function terminateMembers(
       const r = await within(set.allGone(), Math.min(50, Math.max(0, deadline - Date.now())), options.signal);
       // All gone, or a tick: look for members forked meanwhile. Once all are gone, the session too: a
       // child forked just before its parent died is re-parented away, but stays in the session.
-      const added = set.grow(r !== TIMED_OUT);
+      const added = await set.grow(r !== TIMED_OUT);
       if (r !== TIMED_OUT && added === 0) break;
       if (added > 0) set.signal(term);
       if (Date.now() < deadline) continue;
       options.onEscalate?.({ pid: roots[0]?.pid ?? 0, graceMs });
       escalated = true;
       const killDeadline = Date.now() + killWaitMs;
-      set.grow(true);
+      await set.grow(true);
       for (;;) {
         set.signal(kill);
         const k = await within(set.allGone(), Math.min(20, Math.max(0, killDeadline - Date.now())), options.signal);
-        const more = set.grow(k !== TIMED_OUT);
+        const more = await set.grow(k !== TIMED_OUT);
         if (k !== TIMED_OUT && more === 0) break;
         if (Date.now() >= killDeadline) {
           const alive = set.alive();

@@ -35,6 +35,8 @@ export interface NativeAddon {
   matchArgv(procRoot: string | undefined, argv: readonly string[]): Promise<number[]>;
   /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
   listProcesses(procRoot?: string): Promise<Array<string | number>>;
+  /** [pid, session, ...] of every process, read on the threadpool. */
+  listSessions(procRoot: string): Promise<Int32Array>;
   spawn(
     file: string,
     argv: Array<string | Buffer>,

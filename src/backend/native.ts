@@ -342,6 +342,11 @@ export class NativeBackend extends ProcReads implements Backend {
     return (this.#bootId ??= this.#addon.readBootId());
   }
 
+  protected override async listSessions(): Promise<Int32Array> {
+    assertOwnProc('/proc');
+    return this.#addon.listSessions('/proc');
+  }
+
   async matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]> {
     assertOwnProc(procRoot);
     return this.#addon.matchArgv(procRoot, argv);

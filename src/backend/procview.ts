@@ -16,6 +16,7 @@ import {
   readSync,
   statSync,
 } from 'node:fs';
+import { readdir, readFile } from 'node:fs/promises';
 import { decodeArg } from '../bytes.js';
 import { ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
@@ -128,19 +129,70 @@ function gone(err: unknown): boolean {
 }
 
 /** The pids whose session id is `session`, from stat alone (a third of a full scan's reads). A listing, not proof. */
-export function sessionMembersOf(session: number, procRoot = '/proc'): number[] {
+/**
+ * [pid, session, ...] for every process, from stat alone: what a tree stop looks its instance's session up
+ * in. Asynchronous reads (the native backend has its own, on the threadpool): a scan of thousands of
+ * processes must not hold the event loop, and only a scan that is still running can be shared.
+ */
+export async function sessionPairsOf(procRoot = '/proc'): Promise<Int32Array> {
   assertOwnProc(procRoot);
-  const out: number[] = [];
-  for (const name of readdirSync(procRoot)) {
-    if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
-    try {
-      const st = parseStat(readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
-      if (st && st.session === session) out.push(st.pid);
-    } catch (err) {
-      if (!gone(err)) throw err;
+  const names = (await readdir(procRoot)).filter((n) => n.charCodeAt(0) >= 49 && n.charCodeAt(0) <= 57);
+  const out = new Int32Array(names.length * 2);
+  let filled = 0;
+  let next = 0;
+  const lane = async () => {
+    while (next < names.length) {
+      const name = names[next++];
+      try {
+        const st = parseStat(await readFile(`${procRoot}/${name}/stat`, 'latin1'));
+        if (st) {
+          out[filled++] = st.pid;
+          out[filled++] = st.session;
+        }
+      } catch (err) {
+        if (!gone(err)) throw err;
+      }
     }
+  };
+  // A few reads in flight: the threadpool has four threads by default.
+  await Promise.all(Array.from({ length: 8 }, lane));
+  return out.subarray(0, filled);
+}
+
+/**
+ * One scan for many callers, each given a scan that began after it asked (so it sees every process that
+ * existed when it asked): a caller that comes while a scan runs waits for the next one, which it shares
+ * with everyone else who came meanwhile. Thirty-two tree stops in flight cost two scans, not thirty-two.
+ */
+export class FreshScan<T> {
+  readonly #scan: () => Promise<T>;
+  #running: Promise<T> | null = null;
+  #next: Promise<T> | null = null;
+
+  constructor(scan: () => Promise<T>) {
+    this.#scan = scan;
   }
-  return out;
+
+  fresh(): Promise<T> {
+    if (!this.#running) return this.#start();
+    if (!this.#next) {
+      this.#next = this.#running
+        .catch(() => undefined)
+        .then(() => {
+          this.#next = null;
+          return this.#start();
+        });
+    }
+    return this.#next;
+  }
+
+  #start(): Promise<T> {
+    const p = this.#scan().finally(() => {
+      if (this.#running === p) this.#running = null;
+    });
+    this.#running = p;
+    return p;
+  }
 }
 
 function noSuchProcess(pid: number): NodeJS.ErrnoException {
@@ -237,8 +289,18 @@ export abstract class ProcReads {
     return childrenOf(pid);
   }
 
-  sessionMembers(session: number): number[] {
-    return sessionMembersOf(session);
+  readonly #sessions = new FreshScan(() => this.listSessions());
+
+  /** [pid, session, ...] of every process; the native backend reads them on the threadpool. */
+  protected listSessions(): Promise<Int32Array> {
+    return sessionPairsOf();
+  }
+
+  async sessionMembers(session: number): Promise<number[]> {
+    const pairs = await this.#sessions.fresh();
+    const out: number[] = [];
+    for (let i = 0; i + 1 < pairs.length; i += 2) if (pairs[i + 1] === session) out.push(pairs[i] as number);
+    return out;
   }
 
   cgroupOf(pid: number): string | null {

@@ -1,0 +1,72 @@
+// FreshScan: the session scan a tree stop needs is shared by every stop in
+// flight, but never one that began before the caller asked (it could miss a
+// process forked just before the ask). Unit tests with a scripted scan; the
+// real scans are exercised by the tree-stop suites.
+import { describe, expect, it } from 'vitest';
+import { FreshScan, sessionPairsOf } from '../src/backend/procview.js';
+import { backend } from '../src/backend/index.js';
+
+/** A scan whose runs the test finishes by hand, numbered from 1. */
+function scripted() {
+  const runs: Array<(v: number) => void> = [];
+  const fails: Array<(e: Error) => void> = [];
+  const scan = new FreshScan(
+    () =>
+      new Promise<number>((resolve, reject) => {
+        runs.push(resolve);
+        fails.push(reject);
+      }),
+  );
+  return { scan, runs, fails };
+}
+
+const tick = () => new Promise((r) => setImmediate(r));
+
+describe('FreshScan', () => {
+  it('shares one run among callers that come while none runs yet, and starts the next for late callers', async () => {
+    const { scan, runs } = scripted();
+    const a = scan.fresh();
+    expect(runs).toHaveLength(1);
+    // b and c come while run 1 is in flight: both get run 2, which starts only once run 1 is over.
+    const b = scan.fresh();
+    const c = scan.fresh();
+    expect(runs).toHaveLength(1);
+    runs[0]?.(1);
+    expect(await a).toBe(1);
+    await tick();
+    expect(runs).toHaveLength(2);
+    runs[1]?.(2);
+    expect(await b).toBe(2);
+    expect(await c).toBe(2);
+    // Nothing in flight: a new caller starts a run of its own.
+    const d = scan.fresh();
+    expect(runs).toHaveLength(3);
+    runs[2]?.(3);
+    expect(await d).toBe(3);
+  });
+
+  it('gives a failed run to its own callers only; those waiting for the next still get one', async () => {
+    const { scan, runs, fails } = scripted();
+    const a = scan.fresh();
+    const b = scan.fresh();
+    fails[0]?.(new Error('EMFILE'));
+    await expect(a).rejects.toThrow('EMFILE');
+    await tick();
+    expect(runs).toHaveLength(2);
+    runs[1]?.(7);
+    expect(await b).toBe(7);
+  });
+});
+
+describe(`session scans (${backend.name})`, () => {
+  it('lists our own session with us in it, from both the backend and the plain reads', async () => {
+    const pairs = await sessionPairsOf();
+    const ours = Number(
+      (await import('node:fs')).readFileSync('/proc/self/stat', 'latin1').split(') ')[1]?.split(' ')[3],
+    );
+    const inPairs: number[] = [];
+    for (let i = 0; i < pairs.length; i += 2) if (pairs[i + 1] === ours) inPairs.push(pairs[i] as number);
+    expect(inPairs).toContain(process.pid);
+    expect(await backend.sessionMembers(ours)).toContain(process.pid);
+  });
+});

@@ -330,7 +330,7 @@ async function runFor(cycle, concurrency, ms) {
   const t0 = performance.now();
   const end = t0 + ms;
   const lane = async (l) => {
-    for (let k = 0; performance.now() < end; k++) {
+    for (let _k = 0; performance.now() < end; _k++) {
       const t = await cycle(l);
       launch.push(t.launch);
       stop.push(t.stop);

@@ -204,7 +204,7 @@ export async function run({ quick = false, sizes: only = null } = {}) {
     await cleanup();
   }
   const leftover = childrenOf(process.pid).length + escaped + (holderReport?.leftover ?? 0);
-  if (!holderReport || holderReport.status.code !== 0 || holderReport.reaped !== holderReport.stopped) {
+  if (holderReport?.status.code !== 0 || holderReport.reaped !== holderReport.stopped) {
     throw new Error(`recover: the holder did not end its idle processes cleanly: ${JSON.stringify(holderReport)}`);
   }
   return summarizeRun({

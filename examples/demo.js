@@ -194,7 +194,7 @@ try {
   say();
   say('5. launch("vm2") with --ignore-sigterm, then stop it with graceMs 500 and no hook.');
   const spec2 = vmSpec('vm2', ['--ignore-sigterm']);
-  const vm2 = await supervisor.launch(spec2);
+  const _vm2 = await supervisor.launch(spec2);
   const t2 = Date.now();
   const r2 = await supervisor.stop('vm2', { graceMs: 500 });
   say(`   result after ${Date.now() - t2} ms: ${JSON.stringify(r2)}`);

@@ -62,7 +62,7 @@ for (const file of walk(path.join(stage, 'src'))) {
   shimmed++;
 }
 
-writeFileSync(path.join(stage, 'package.json'), JSON.stringify({ type: 'commonjs' }) + '\n');
+writeFileSync(path.join(stage, 'package.json'), `${JSON.stringify({ type: 'commonjs' })}\n`);
 writeFileSync(
   path.join(stage, 'tsconfig.json'),
   JSON.stringify(
@@ -90,7 +90,7 @@ const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
 const result = spawnSync(process.execPath, [tsc, '-p', path.join(stage, 'tsconfig.json')], { stdio: 'inherit' });
 if (result.status !== 0) process.exit(result.status ?? 1);
 
-writeFileSync(path.join(out, 'package.json'), JSON.stringify({ type: 'commonjs' }) + '\n');
+writeFileSync(path.join(out, 'package.json'), `${JSON.stringify({ type: 'commonjs' })}\n`);
 if (!existsSync(path.join(out, 'index.js')) || !existsSync(path.join(out, 'index.d.ts'))) {
   console.error('build-cjs: dist/cjs/index.js or index.d.ts missing after tsc');
   process.exit(1);

@@ -11,7 +11,7 @@ import { isUtf8 } from 'node:buffer';
 
 /** Length of the RFC 3629 sequence at i (shortest form, no surrogates, <= U+10FFFF), or 0; its code point in out[0]. */
 function utf8Sequence(b: Uint8Array, i: number, out: number[]): number {
-  const c = b[i]!;
+  const c = b[i] ?? 0x80; // past the end: no sequence
   if (c < 0x80) {
     out[0] = c;
     return 1;
@@ -25,7 +25,7 @@ function utf8Sequence(b: Uint8Array, i: number, out: number[]): number {
   else return 0;
   if (i + len > b.length) return 0;
   for (let k = 1; k < len; k++) {
-    const n = b[i + k]!;
+    const n = b[i + k] ?? 0;
     if ((n & 0xc0) !== 0x80) return 0;
     cp = (cp << 6) | (n & 0x3f);
   }
@@ -43,10 +43,10 @@ export function decodeArg(bytes: Uint8Array): string {
   for (let i = 0; i < buf.length; ) {
     const n = utf8Sequence(buf, i, cp);
     if (n === 0) {
-      s += String.fromCharCode(0xdc00 + buf[i]!);
+      s += String.fromCharCode(0xdc00 + (buf[i] ?? 0));
       i++;
     } else {
-      s += String.fromCodePoint(cp[0]!);
+      s += String.fromCodePoint(cp[0] ?? 0);
       i += n;
     }
   }

@@ -53,7 +53,10 @@ export function emitter(
   return (type, fields = {}) => {
     const event: CustodyEvent = { type, time: Date.now(), ...fields };
     let ch = channels.get(type);
-    if (!ch) channels.set(type, (ch = channel(`custody:${type}`)));
+    if (!ch) {
+      ch = channel(`custody:${type}`);
+      channels.set(type, ch);
+    }
     if (ch.hasSubscribers) ch.publish(event);
     if (sink) {
       callHook(sink, event).catch((err: unknown) => {

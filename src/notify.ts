@@ -302,7 +302,9 @@ export class NotifyChannel {
       if (this.#error) throw this.#error;
       this.#applyMainPid();
       if (this.#ready) return;
-      const target = a.target!;
+      const target = a.target;
+      // wait() runs after confirm, which sets the target or fails the launch.
+      if (!target) throw new Error('custody: notify wait() before the target was confirmed');
       const woken = new Promise<'woken'>((resolve) => (this.#wake = () => resolve('woken')));
       const died = target.gone.then(() => 'died' as const);
       let r: 'woken' | 'died' | typeof TIMED_OUT;
@@ -339,7 +341,9 @@ export class NotifyChannel {
     if (this.#closed) return;
     this.#running = true;
     this.#listener.unref();
-    void this.#a.target!.gone.then(() => this.close());
+    const target = this.#a.target;
+    if (target) void target.gone.then(() => this.close());
+    else this.close();
   }
 
   /** Closes the socket and any MAINPID pin not taken. Idempotent; every path of a launch ends here. */

@@ -317,9 +317,9 @@ export function indexByToken<T extends { argv: string[] }>(
           const key = run.slice(i, i + 32);
           if (!wanted.has(key) || seen.has(key)) continue;
           seen.add(key);
-          let list = out.get(key);
-          if (!list) out.set(key, (list = []));
-          list.push(row);
+          const list = out.get(key);
+          if (list) list.push(row);
+          else out.set(key, [row]);
         }
       }
     }
@@ -338,8 +338,8 @@ export function mayCarryEnvToken(
   executable: string | null,
 ): boolean {
   if (argv.length === launched.length && argv.every((a, i) => a === launched[i])) return true;
-  if (!executable || argv.length === 0) return false;
-  const first = argv[0]!;
+  const first = argv[0];
+  if (!executable || first === undefined) return false;
   const base = (p: string) => p.slice(p.lastIndexOf('/') + 1);
   return first === executable || base(first) === base(executable);
 }

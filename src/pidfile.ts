@@ -43,7 +43,7 @@ export function parsePidfile(text: string, path: string): number | null {
  * that is not a pid in range. Never blocks.
  */
 export function readPidfile(path: string): number | null {
-  let opened;
+  let opened: ReturnType<typeof openRegular>;
   try {
     opened = openRegular(path, fsc.O_RDONLY);
   } catch (err) {

@@ -30,8 +30,8 @@ export function parseStat(text: string): StatFields | null {
     .split(/ +/);
   // rest[0] state, [1] ppid, [2] pgrp, [3] session, ..., [19] starttime (field 22).
   if (rest.length < 20) return null;
-  const state = rest[0]!;
-  if (state.length !== 1) return null;
+  const state = rest[0];
+  if (state === undefined || state.length !== 1) return null;
   const nums = [rest[1], rest[2], rest[3], rest[19]].map((s) =>
     s !== undefined && /^-?\d+$/.test(s) ? Number(s) : NaN,
   );

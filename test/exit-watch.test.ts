@@ -75,7 +75,7 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
   function rawChild(): { pid: number; pidfd: number; release: number } {
     const a = addon();
     const [r, w] = a.pipe();
-    const child = a.spawn('/bin/sh', ['sh', '-c', 'read x'], null, { stdio: [r, -1, -1] });
+    const child = a.spawn('/bin/sh', ['sh', '-c', 'read x'], null, { stdio: [r, -1, -1], newSession: false, newGroup: false });
     a.close(r);
     return { ...child, release: w };
   }
@@ -95,7 +95,7 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
     const done = new Promise<void>((resolve) => {
       const onExit = (name: string, other: string) => () => {
         calls.push(name);
-        a.unwatch(ids[other]);
+        a.unwatch(ids[other] ?? 0);
         resolve();
       };
       ids = { one: a.watch(one.pidfd, onExit('one', 'two')), two: a.watch(two.pidfd, onExit('two', 'one')) };
@@ -128,7 +128,7 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
 
   it('range-checks its stdio fds: -1 is its own /dev/null, below that is refused', () => {
     const a = addon();
-    expect(() => a.spawn('/bin/true', ['true'], null, { stdio: [-2, -1, -1] })).toThrow(
+    expect(() => a.spawn('/bin/true', ['true'], null, { stdio: [-2, -1, -1], newSession: false, newGroup: false })).toThrow(
       expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
     );
   });

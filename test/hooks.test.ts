@@ -29,6 +29,7 @@ describe('callHook', () => {
     ).rejects.toThrow('sync');
     await expect(callHook(async () => Promise.reject(new Error('async')))).rejects.toThrow('async');
     const thenable = {
+      // biome-ignore lint/suspicious/noThenProperty: a hostile thenable is what this test feeds the hook runner
       then() {
         throw new Error('then');
       },

@@ -149,8 +149,8 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
       ctx.supervisor.launch({
         id: 'fails',
         command: PYTHON,
-        args: (t) => vmArgs(socket + '2', t, ['--fail-before-socket', '1']),
-        ready: { socket: socket + '2' },
+        args: (t) => vmArgs(`${socket}2`, t, ['--fail-before-socket', '1']),
+        ready: { socket: `${socket}2` },
         attempts: 2,
       }),
     ).rejects.toMatchObject({ code: 'ERR_CUSTODY_LAUNCH_EXITED' });

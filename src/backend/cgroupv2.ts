@@ -36,10 +36,12 @@ export function parseMountinfo(text: string): MountEntry[] {
     const dash = f.indexOf('-', 6);
     if (f.length < 10 || dash < 0 || dash + 1 >= f.length) continue;
     const opts = (f[5] ?? '').split(',');
+    const [root, mountPoint, fsType] = [f[3], f[4], f[dash + 1]];
+    if (root === undefined || mountPoint === undefined || fsType === undefined) continue;
     out.push({
-      root: unescapeField(f[3]!),
-      mountPoint: unescapeField(f[4]!),
-      fsType: f[dash + 1]!,
+      root: unescapeField(root),
+      mountPoint: unescapeField(mountPoint),
+      fsType,
       readOnly: opts.includes('ro'),
     });
   }

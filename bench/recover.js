@@ -466,7 +466,6 @@ export function report(results) {
 async function keepOnlyRunning(store) {
   let running = 0;
   let removed = 0;
-  if (!store.exists()) return { running, removed };
   for (const id of store.ids()) {
     let m = null;
     try {
@@ -505,8 +504,9 @@ async function worker([stateDir, interruptedArg, runningArg]) {
     );
   const profile = profileBackend(backend);
 
-  // Untimed: the state the measurement starts from.
-  const store = new StateStore(stateDir);
+  // Untimed: the state the measurement starts from, through the store (which
+  // holds the state dir's lock until it is closed, before open() below).
+  const store = StateStore.open(stateDir, { emit: () => {}, create: false });
   const { running } = await keepOnlyRunning(store);
   if (running !== expectRunning)
     throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
@@ -529,6 +529,7 @@ async function worker([stateDir, interruptedArg, runningArg]) {
       quarantine: null,
     });
   }
+  store.close();
   globalThis.gc?.();
 
   const events = {};
@@ -631,7 +632,9 @@ async function holder([stateDir, idleBin, marker]) {
 
   const grow = async (n) => {
     const t0 = performance.now();
-    await keepOnlyRunning(new StateStore(stateDir));
+    const store = StateStore.open(stateDir, { emit: () => {} });
+    await keepOnlyRunning(store);
+    store.close();
     const { supervisor } = await custody.Supervisor.open({ stateDir, onEvent: () => {} });
     const fresh = [];
     let started = pids.length;

@@ -13,13 +13,7 @@ import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef } from './backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from './cgroup.js';
-import {
-  ConfirmTimeoutError,
-  InvalidArgError,
-  LaunchExitedError,
-  NotOursError,
-  ReadyTimeoutError,
-} from './errors.js';
+import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';

@@ -17,9 +17,16 @@ export const isErrnoCode = (c: unknown): c is ErrnoCode => typeof c === 'string'
  * addon's (`syscall CODE (description)`), with the path as Node's spawn
  * errors name it and a detail after a colon.
  */
+/** libuv's words for an errno ("no such process"), read once: the map is rebuilt on every call. */
+let errnoWords: Map<number, [string, string]> | undefined;
+const describeErrno = (errno: number) => {
+  errnoWords ??= getSystemErrorMap();
+  return errnoWords.get(errno)?.[1];
+};
+
 export function errnoError(code: ErrnoCode, syscall: string, path?: string, detail?: string): NodeJS.ErrnoException {
   const errno = -constants.errno[code];
-  const description = getSystemErrorMap().get(errno)?.[1];
+  const description = describeErrno(errno);
   const where = path === undefined ? '' : ` ${path}`;
   const err: NodeJS.ErrnoException = new Error(
     `${syscall}${where} ${code}${description ? ` (${description})` : ''}${detail ? `: ${detail}` : ''}`,

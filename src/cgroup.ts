@@ -40,7 +40,7 @@ import {
   type MountEntry,
 } from './backend/cgroupv2.js';
 import { BadCgroupError, CgroupTimeoutError, InvalidArgError, UnsupportedError } from './errors.js';
-import { sleep } from './timing.js';
+import { backoff } from './timing.js';
 import type { CgroupCapabilities } from './types.js';
 
 /** statfs(2) f_type of cgroup v2 (linux/magic.h CGROUP2_SUPER_MAGIC). */
@@ -235,13 +235,8 @@ export class InstanceCgroup {
   }
 
   async #until(done: () => boolean, ms: number, signal?: AbortSignal): Promise<boolean> {
-    const deadline = Date.now() + ms;
-    for (let delay = 1; ; delay = Math.min(delay * 2, 25)) {
-      if (done()) return true;
-      const left = deadline - Date.now();
-      if (left <= 0) return false;
-      await sleep(Math.min(delay, left), signal);
-    }
+    for await (const _ of backoff({ maxMs: 25, timeoutMs: ms, signal })) if (done()) return true;
+    return false;
   }
 
   /** cgroup.freeze (Linux 5.2), then waits (bounded) for `frozen 1`: every process stopped where it was. */
@@ -305,17 +300,18 @@ export class InstanceCgroup {
    * it lets the directory go, so EBUSY is retried briefly. Gone already is success.
    */
   async remove(ms = 1000): Promise<void> {
-    const deadline = Date.now() + ms;
-    for (let delay = 1; ; delay = Math.min(delay * 2, 50)) {
+    let busy: unknown;
+    for await (const _ of backoff({ maxMs: 50, timeoutMs: ms })) {
       try {
         rmdirSync(this.path);
         return;
       } catch (err) {
         if (code(err) === 'ENOENT') return;
-        if (code(err) !== 'EBUSY' || Date.now() >= deadline) throw err;
+        if (code(err) !== 'EBUSY') throw err;
+        busy = err;
       }
-      await sleep(delay);
     }
+    throw busy;
   }
 }
 
@@ -428,7 +424,9 @@ export class CgroupRoot {
 
   /** What holds for this root: the mount, the kernel's features, placement, the controllers offered and on. */
   capabilities(): CgroupCapabilities {
-    const host = cgroupCapabilities().cgroup!;
+    const { cgroup: host, cgroupReason } = cgroupCapabilities();
+    // A root is opened only where the probe found cgroup v2 usable; the probe's verdict is cached.
+    if (!host) throw new UnsupportedError(`cgroup v2 is not usable here: ${cgroupReason ?? 'unknown'}`);
     return {
       ...host,
       root: this.root,

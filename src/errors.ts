@@ -2,8 +2,41 @@
  * Errors with stable `code`s. Callers branch on `err.code`, never on the
  * message. Every class is exported so `instanceof` works too.
  */
+import { constants } from 'node:os';
+import { getSystemErrorMap } from 'node:util';
 import { describeExit } from './exit.js';
 import type { ExitStatus } from './types.js';
+
+export type ErrnoCode = keyof typeof constants.errno;
+export const isErrnoCode = (c: unknown): c is ErrnoCode => typeof c === 'string' && Object.hasOwn(constants.errno, c);
+
+/**
+ * An error shaped as Node's own system errors are (code, negative errno,
+ * syscall, path), for failures the JS side finds itself: callers branch on
+ * `code` whichever backend or layer raised it. The message follows the
+ * addon's (`syscall CODE (description)`), with the path as Node's spawn
+ * errors name it and a detail after a colon.
+ */
+/** libuv's words for an errno ("no such process"), read once: the map is rebuilt on every call. */
+let errnoWords: Map<number, [string, string]> | undefined;
+const describeErrno = (errno: number) => {
+  errnoWords ??= getSystemErrorMap();
+  return errnoWords.get(errno)?.[1];
+};
+
+export function errnoError(code: ErrnoCode, syscall: string, path?: string, detail?: string): NodeJS.ErrnoException {
+  const errno = -constants.errno[code];
+  const description = describeErrno(errno);
+  const where = path === undefined ? '' : ` ${path}`;
+  const err: NodeJS.ErrnoException = new Error(
+    `${syscall}${where} ${code}${description ? ` (${description})` : ''}${detail ? `: ${detail}` : ''}`,
+  );
+  err.code = code;
+  err.errno = errno;
+  err.syscall = syscall;
+  if (path !== undefined) err.path = path;
+  return err;
+}
 
 export type CustodyErrorCode =
   | 'ERR_CUSTODY_LAUNCH_EXITED'

@@ -13,14 +13,7 @@ import type { Readable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef } from './backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from './cgroup.js';
-import {
-  AbortError,
-  ConfirmTimeoutError,
-  InvalidArgError,
-  LaunchExitedError,
-  NotOursError,
-  ReadyTimeoutError,
-} from './errors.js';
+import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';
@@ -45,7 +38,7 @@ import {
 } from './ownership.js';
 import { terminate } from './terminate.js';
 import { terminateCgroup, terminateMembers } from './tree.js';
-import { sleep, TIMED_OUT, within } from './timing.js';
+import { backoff, TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { describe, pidMax } from './validate.js';
 
@@ -311,6 +304,24 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   }
 }
 
+/** The identity the confirming inspection recorded; a launch step that needs it before confirm is a bug. */
+export function confirmedIdentity(a: Attempt): ProcessIdentity {
+  if (!a.identity) throw new Error(`launch of ${a.id}: no confirmed identity yet`);
+  return a.identity;
+}
+
+/** The confirmed target's handle (our child, or the pid pinned by the confirming inspection). */
+export function confirmedTarget(a: Attempt): ProcessHandle {
+  if (!a.target) throw new Error(`launch of ${a.id}: no confirmed target yet`);
+  return a.target;
+}
+
+/** The process startChild() spawned. */
+function spawned(a: Attempt): ProcessHandle {
+  if (!a.child) throw new Error(`launch of ${a.id}: nothing spawned yet`);
+  return a.child;
+}
+
 export function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): LaunchExitedError {
   return new LaunchExitedError(a.id, pid, status, a.stderrTail());
 }
@@ -328,7 +339,7 @@ export async function obtainPid(
   timeoutMs: number,
   signal?: AbortSignal,
 ): Promise<number> {
-  const child = a.child!;
+  const child = spawned(a);
   const left = () => Math.max(0, deadline - Date.now());
   if (a.pidSpec === 'child') return child.pid;
   if (typeof a.pidSpec === 'function') {
@@ -352,16 +363,55 @@ export async function obtainPid(
     }
     if (st.code !== 0 || st.signal) throw exitedError(a, child.pid, st);
   }
-  for (let delay = 1; ; delay = Math.min(delay * 2, 25)) {
+  for await (const _ of backoff({ maxMs: 25, deadline, signal })) {
     const pid = readPidfile(file);
     if (pid !== null) return pid;
     // A launcher that failed will never write it; one that exited 0 may
     // have daemonized after writing, so keep reading until the deadline.
     const st = child.exitStatus;
     if (st && (st.code !== 0 || st.signal)) throw exitedError(a, child.pid, st);
-    if (Date.now() >= deadline) throw new ConfirmTimeoutError(a.id, undefined, timeoutMs, `no pid in ${file}`);
-    await sleep(Math.min(delay, left()), signal);
   }
+  throw new ConfirmTimeoutError(a.id, undefined, timeoutMs, `no pid in ${file}`);
+}
+
+/** What one inspection of the reported pid showed, for decideConfirm(). */
+export interface ConfirmFacts {
+  /** Whether the pid is our own child (ours by birth), not one a launcher or a function reported. */
+  own: boolean;
+  /** Not there any more, or a zombie: it exited before it carried our marks. */
+  gone: boolean;
+  /** Why it is not (yet) the target, by the ownership rule or our child's marks; null: it is. */
+  why: Rejection | null;
+  /** Our child exec'd but its argv not laid out yet (an empty cmdline). */
+  argvEmpty: boolean;
+  /** Short kernel waits spent on an empty argv so far. */
+  spins: number;
+  /** Whether the confirm deadline has passed. */
+  timedOut: boolean;
+}
+
+export type ConfirmStep =
+  | { do: 'exited' }
+  | { do: 'not-ours'; why: Rejection }
+  | { do: 'confirmed' }
+  | { do: 'spin' }
+  | { do: 'retry' }
+  | { do: 'timeout' };
+
+/**
+ * The confirm loop's next step after one inspection: the pid is the target,
+ * has exited, is someone else's for good, or may still exec into the marks
+ * (spin on our child's empty argv, retry later, or give up at the deadline).
+ */
+export function decideConfirm(f: ConfirmFacts): ConfirmStep {
+  if (f.gone) return { do: 'exited' };
+  // Our own child may still be exec'ing whatever it shows (only an environment that may not be read stays
+  // so); a reported pid that is someone else's will not become ours by waiting.
+  if (f.why && PERMANENT.has(f.why) && (!f.own || f.why === 'environ')) return { do: 'not-ours', why: f.why };
+  if (f.why === null) return { do: 'confirmed' };
+  // Exec'd (clone returns only then) but its argv not laid out yet: that takes microseconds, a timer a millisecond.
+  if (f.own && f.argvEmpty && f.spins < MAX_ARGV_SPINS) return { do: 'spin' };
+  return f.timedOut ? { do: 'timeout' } : { do: 'retry' };
 }
 
 /**
@@ -376,74 +426,83 @@ export async function confirm(
   timeoutMs: number,
   signal?: AbortSignal,
 ): Promise<void> {
-  const child = a.child!;
+  const child = spawned(a);
+  const own = pid === child.pid;
   let lastArgv: string[] | null = null;
   let spins = 0;
-  for (let delay = 0; ; delay = Math.max(1, Math.min(delay * 2, 20))) {
-    if (signal?.aborted) throw new AbortError(signal.reason);
-    let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
-    try {
-      // A pid function may name a child of Node's child_process: its owner
-      // reaps it, and reaping it here would rob libuv of its exit.
-      pinned = backend.inspectPinned(pid, { reapIfChild: typeof a.pidSpec !== 'function' });
-    } catch (err) {
-      // A TID is refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code !== 'ESRCH' && code !== 'ENOENT') throw err;
-    }
-    if (pinned === null || pinned.raw.state === 'Z') {
-      pinned?.ref.close();
-      // The pid is gone before it carried our argv. (Our child's status
-      // comes with its reaping, at once; the bound is for the unexpected.)
-      const bound = Math.max(0, deadline - Date.now()) + EXIT_STATUS_WAIT_MS;
-      const reaped = pid === child.pid ? await within(child.exited, bound, signal) : TIMED_OUT;
-      const st = reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT);
-      throw exitedError(a, pid, st);
-    }
-    const live = toIdentity(pid, pinned.raw, backend.bootId());
-    const claim = claimOf(a);
-    const environ = environOf(pinned.ref);
-    // Our own child is ours by birth: it only has to have exec'd into the
-    // argv (or, in env mode, into an environment with the token: before exec
-    // the child's is ours). A pid a launcher or a function reported must pass
-    // the ownership rule on its own marks (token, program, uid; never the
-    // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
-    // With a cgroup our child is judged too: the js backend's placing
-    // wrapper carries the target's argv before it is placed and has exec'd
-    // it, and only the exec'd target in the cgroup is it.
-    const own = pid === child.pid;
-    const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
-    const why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
-    if (why && PERMANENT.has(why) && (!own || why === 'environ')) {
-      pinned.ref.close();
-      throw new NotOursError(a.id, pid, describeRejection(pid, why));
-    }
-    if (why === null) {
-      a.identity = live;
-      if (pid === child.pid) {
-        // Our own child: its pidfd from birth already pins it.
-        pinned.ref.close();
-        a.target = child;
-      } else {
-        a.target = new ProcessHandle(pinned.ref, { identity: a.identity, spawned: false });
+  const timeout = () =>
+    new ConfirmTimeoutError(a.id, pid, timeoutMs, `last argv seen: ${JSON.stringify(lastArgv).slice(0, 200)}`);
+  for await (const _ of backoff({ firstMs: 0, maxMs: 20, deadline, signal })) {
+    for (;;) {
+      let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
+      try {
+        // A pid function may name a child of Node's child_process: its owner
+        // reaps it, and reaping it here would rob libuv of its exit.
+        pinned = backend.inspectPinned(pid, { reapIfChild: typeof a.pidSpec !== 'function' });
+      } catch (err) {
+        // A TID is refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code !== 'ESRCH' && code !== 'ENOENT') throw err;
       }
-      return;
+      let why: Rejection | null = null;
+      let live: ProcessIdentity | null = null;
+      if (pinned && pinned.raw.state !== 'Z') {
+        live = toIdentity(pid, pinned.raw, backend.bootId());
+        const claim = claimOf(a);
+        const environ = environOf(pinned.ref);
+        // Our own child is ours by birth: it only has to have exec'd into the
+        // argv (or, in env mode, into an environment with the token: before exec
+        // the child's is ours). A pid a launcher or a function reported must pass
+        // the ownership rule on its own marks (token, program, uid; never the
+        // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
+        // With a cgroup our child is judged too: the js backend's placing
+        // wrapper carries the target's argv before it is placed and has exec'd
+        // it, and only the exec'd target in the cgroup is it.
+        const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
+        why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
+      }
+      const step = decideConfirm({
+        own,
+        gone: live === null,
+        why,
+        argvEmpty: pinned?.raw.argv.length === 0,
+        spins,
+        timedOut: Date.now() >= deadline,
+      });
+      if (step.do === 'confirmed' && pinned && live) {
+        a.identity = live;
+        if (own) {
+          // Our own child: its pidfd from birth already pins it.
+          pinned.ref.close();
+          a.target = child;
+        } else {
+          a.target = new ProcessHandle(pinned.ref, { identity: live, spawned: false });
+        }
+        return;
+      }
+      if (pinned) lastArgv = pinned.raw.argv;
+      pinned?.ref.close();
+      switch (step.do) {
+        case 'exited': {
+          // The pid is gone before it carried our argv. (Our child's status
+          // comes with its reaping, at once; the bound is for the unexpected.)
+          const bound = Math.max(0, deadline - Date.now()) + EXIT_STATUS_WAIT_MS;
+          const reaped = own ? await within(child.exited, bound, signal) : TIMED_OUT;
+          throw exitedError(a, pid, reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT));
+        }
+        case 'not-ours':
+          throw new NotOursError(a.id, pid, describeRejection(pid, step.why));
+        case 'spin':
+          spins++;
+          Atomics.wait(spinCell, 0, 0, ARGV_SPIN_MS);
+          continue;
+        case 'timeout':
+          throw timeout();
+      }
+      break;
     }
-    lastArgv = pinned.raw.argv;
-    pinned.ref.close();
-    // Our own child, exec'd (clone returns only then) but its argv not laid
-    // out yet: that takes microseconds, and a timer takes a millisecond.
-    if (pinned.raw.argv.length === 0 && pid === child.pid && spins < MAX_ARGV_SPINS) {
-      spins++;
-      Atomics.wait(spinCell, 0, 0, ARGV_SPIN_MS);
-      delay = 0;
-      continue;
-    }
-    if (Date.now() >= deadline) {
-      throw new ConfirmTimeoutError(a.id, pid, timeoutMs, `last argv seen: ${JSON.stringify(lastArgv).slice(0, 200)}`);
-    }
-    await sleep(delay, signal);
   }
+  throw timeout();
 }
 
 /**
@@ -459,17 +518,18 @@ export async function waitReady(
   signal?: AbortSignal,
 ): Promise<void> {
   if (ready === 'notify') {
-    await a.notify!.wait(timeoutMs, signal);
+    if (!a.notify) throw new Error(`launch of ${a.id}: ready 'notify' without its socket`);
+    await a.notify.wait(timeoutMs, signal);
     return;
   }
-  const target = a.target!;
+  const target = confirmedTarget(a);
   const over = new AbortController();
   const probeFailure: { last?: unknown } = {};
   const died = target.gone.then(() => 'died' as const);
   const check =
     typeof ready === 'function'
       ? callHook(ready, instance).then(() => 'ready' as const)
-      : pollSocket(ready, target, a.identity!, probeFailure, over.signal);
+      : pollSocket(ready, target, confirmedIdentity(a), probeFailure, over.signal);
   try {
     const r = await within(Promise.race([check, died]), timeoutMs, signal);
     if (r === TIMED_OUT) {
@@ -525,7 +585,7 @@ async function pollSocket(
   signal: AbortSignal,
 ): Promise<'ready'> {
   const never = new Promise<never>(() => {});
-  for (let delay = 1; ; delay = Math.min(delay * 2, 50)) {
+  for await (const _ of backoff({ maxMs: 50, signal })) {
     if (!stillRunning(target, identity)) return never;
     if (await connects(ready.socket)) {
       if (!stillRunning(target, identity)) return never;
@@ -539,8 +599,8 @@ async function pollSocket(
         failure.last = err;
       }
     }
-    await sleep(delay, signal);
   }
+  return never;
 }
 
 function connects(path: string): Promise<boolean> {
@@ -629,7 +689,7 @@ async function endTree(
   try {
     for (const p of await backend.listProcesses()) {
       if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
-      let pinned;
+      let pinned: ReturnType<typeof backend.inspectPinned>;
       try {
         pinned = backend.inspectPinned(p.pid, { reapIfChild: true });
       } catch (err) {

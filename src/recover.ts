@@ -40,9 +40,18 @@ import {
 } from './ownership.js';
 import { removeDeclaredPaths } from './paths.js';
 import { readPidfile } from './pidfile.js';
-import { IncompleteInstanceError, MANIFEST_VERSION, type Manifest, type StateStore } from './store.js';
+import {
+  IncompleteInstanceError,
+  MANIFEST_VERSION,
+  type Manifest,
+  type QuarantinedManifest,
+  type RunningManifest,
+  type StartingManifest,
+  type StateStore,
+} from './store.js';
 import { terminateCgroup, terminateMembers } from './tree.js';
-import type { ProcessIdentity } from './types.js';
+import { backoff } from './timing.js';
+import type { ProcessIdentity, VerifyResult } from './types.js';
 
 export interface RecoveryEntry {
   id: string;
@@ -72,7 +81,7 @@ export interface RecoveryHost {
   usesCgroup(path: string): boolean;
   /** Whether recovery should (re)consider this id: not tracked, or deferred earlier. */
   wants(id: string): boolean;
-  adopt(manifest: Manifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): void;
+  adopt(manifest: RunningManifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): void;
   quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void;
   defer(id: string, error: Error): void;
 }
@@ -156,18 +165,199 @@ function envIndex(rows: ProcEntry[], launches: Manifest[]): EnvIndex {
 
 /** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
 export const STARTING_CONFIRM_MS = 3000;
+/** How long what is left of an instance proven over gets after SIGTERM before SIGKILL (abandon's default). */
+const LEFTOVER_GRACE_MS = 2000;
+
+/*
+ * Decision and effect. The deciders below are pure: from what was read (the
+ * manifest or why it could not be read, the verdict on the live process, the
+ * cgroup, the ownership judgement) they say what recovery does with the
+ * manifest, or which fact they need read next. recover() reads those facts in
+ * that order and carries the outcome out (signals, removals, writes, events);
+ * it decides nothing itself.
+ */
+
+/** Where every manifest ends. */
+export type Outcome =
+  | { do: 'adopt'; why: 'verified' | 'unprovable' | 'starting'; rewrite: boolean }
+  | { do: 'repair'; field: string }
+  | { do: 'clean'; reason: 'gone' | 'rebooted' | 'incomplete'; graceMs: number }
+  | { do: 'quarantine'; reason: string; field?: string; persist: boolean }
+  | { do: 'defer'; error: Error };
+
+const quarantined = (reason: string, field: string | undefined, persist: boolean): Outcome => ({
+  do: 'quarantine',
+  reason,
+  ...(field === undefined ? {} : { field }),
+  persist,
+});
+
+/** A manifest that could not be read: cleaned (an interrupted first write), deferred, quarantined, or not recovery's to judge. */
+export function decideUnreadable(err: unknown): Outcome | { do: 'rethrow' } {
+  // Never launched: only temp files, which must not be read as valid.
+  if (err instanceof IncompleteInstanceError) return { do: 'clean', reason: 'incomplete', graceMs: 0 };
+  if (!(err instanceof BadManifestError)) return { do: 'rethrow' };
+  // EMFILE opening a manifest says nothing about the manifest.
+  if (isTransient(err.cause)) return { do: 'defer', error: err.cause as Error };
+  // Kept on disk for the operator; never deleted, never fatal to the others.
+  return quarantined('bad-manifest', err.message, false);
+}
+
+/** A failure while carrying a decision out: the kernel could not answer (EMFILE, ENOMEM...), which is no verdict. */
+export function decideFailure(err: unknown): Outcome | { do: 'rethrow' } {
+  return isTransient(err) ? { do: 'defer', error: err as Error } : { do: 'rethrow' };
+}
+
+/** The platform recovery runs on: whether identity can be proven, and whether the supervisor adopts without proof. */
+export interface Platform {
+  provable: boolean;
+  allowUnprovable: boolean;
+}
+
+/** A readable manifest: settled by its state alone, or to be proven against the live processes. */
+export function decideManifest(m: Manifest, platform: Platform): Outcome | { do: 'prove' } {
+  if (m.state === 'quarantined') return quarantined(m.quarantine.reason, m.quarantine.field, false);
+  if (!platform.provable) {
+    if (platform.allowUnprovable && m.state === 'running') return { do: 'adopt', why: 'unprovable', rewrite: false };
+    return quarantined('unprovable', undefined, true);
+  }
+  return { do: 'prove' };
+}
+
+/** What is known so far of a running manifest's process; each fact is read only when the decider asks for it. */
+export interface RunningFacts {
+  /** The recorded pid, and ours. */
+  pid: number;
+  selfPid: number;
+  /** Whether the manifest is in the current format (an older one is rewritten once proven). */
+  current: boolean;
+  /** The declared paths, which re-prove a live argv that disagrees with the recorded one. */
+  paths: string[];
+  /** verify() of the recorded identity against the live process. */
+  verdict?: VerifyResult;
+  /** The recorded cgroup as this supervisor judges by it: the same one, gone, or none to judge by. */
+  cgroup?: 'same' | 'gone' | 'none';
+  /** The ownership rule on the live process's own marks. */
+  judgement?: Judgement;
+  /** The live process's argv (with the judgement). */
+  liveArgv?: string[];
+}
+
+export type RunningStep = Outcome | { do: 'read'; what: 'process' | 'cgroup' | 'ownership' };
+
+const MISMATCH = new Set(['token', 'expect', 'exe', 'cgroup']);
+const PID_REJECTION = new Set(['init', 'self', 'ancestor']);
+
+/** A running manifest: adopted, repaired, cleaned or quarantined, or the next fact to read. */
+export function decideRunning(f: RunningFacts): RunningStep {
+  // Our own pid is never the recorded process, whatever it shows.
+  if (f.pid === f.selfPid) return quarantined('unprovable', 'pid', true);
+  const v = f.verdict;
+  if (!v) return { do: 'read', what: 'process' };
+  switch (v.verdict) {
+    case 'gone':
+    case 'rebooted':
+      return { do: 'clean', reason: v.verdict, graceMs: 0 };
+    case 'unprovable':
+      // Recorded in another pid namespace: its pid names some other process
+      // here. Quarantined in memory only, so a supervisor back in that
+      // namespace can still adopt it; release() is the operator's way out.
+      return quarantined('unprovable', v.field, false);
+    case 'unrecorded':
+    case 'reused':
+      return quarantined(v.verdict, v.field, true);
+  }
+  // Its cgroup first: an instance recorded in one must be in it (the same cgroup, by id).
+  if (!f.cgroup) return { do: 'read', what: 'cgroup' };
+  if (f.cgroup === 'gone') return quarantined('mismatch', 'cgroup', true);
+  // Verified (or a mismatch of exe/argv with equal start ticks): it must
+  // still pass the ownership rule on its own marks (token, uid, not pid 1,
+  // not us or an ancestor).
+  const j = f.judgement;
+  if (!j) return { do: 'read', what: 'ownership' };
+  if (!j.ours) {
+    // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
+    const reason = MISMATCH.has(j.why) ? 'mismatch' : 'unprovable';
+    const field =
+      v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : PID_REJECTION.has(j.why) ? 'pid' : j.why;
+    return quarantined(reason, field, true);
+  }
+  if (v.verdict === 'ok') return { do: 'adopt', why: 'verified', rewrite: !f.current };
+  // A mismatch is re-proved by the token (judged above) and the declared paths in its live argv; start
+  // ticks are never repaired.
+  const argv = f.liveArgv ?? [];
+  if (!f.paths.every((p) => argv.some((a) => a.includes(p)))) return quarantined('mismatch', v.field, true);
+  return { do: 'repair', field: v.field ?? 'argv' };
+}
+
+/** What is known so far of an interrupted launch. */
+export interface StartingFacts {
+  pidSource: Manifest['pidSource'];
+  /** Whether the manifest names the target's program. */
+  executable: boolean;
+  /** The recorded cgroup: the same one, gone, or none to judge by. */
+  cgroup: 'same' | 'gone' | 'none';
+  /** Token carriers found (counted only where no target can be proven). */
+  carriers?: number;
+  /** Whether the last look found the target (undefined: not looked since the last wait). */
+  found?: boolean;
+  /** Candidates still worth waiting for after the last look; whether the confirm bound has passed. */
+  waitable?: number;
+  timedOut?: boolean;
+  /** Whether the launch's own carriers (outside a cgroup) have been ended. */
+  ended?: boolean;
+  /** Candidates whose environment may not be read. */
+  unreadable: number;
+}
+
+export type StartingStep =
+  | Outcome
+  | { do: 'count-carriers' }
+  | { do: 'look' }
+  | { do: 'wait' }
+  | { do: 'end-carriers' };
+
+/**
+ * An interrupted launch: its target found and adopted, or, once none can be
+ * (the carriers are gone or the confirm bound passed), what is provably the
+ * launch's ended and the state cleaned; quarantined where it cannot be told.
+ */
+export function decideStarting(f: StartingFacts): StartingStep {
+  // Placed before exec, nothing of the launch ran outside its cgroup, and
+  // a cgroup with a process in it cannot be removed: none is left. (A pid
+  // function's target may live elsewhere: it is looked for as without one.)
+  if (f.cgroup === 'gone' && f.pidSource !== 'function') return { do: 'clean', reason: 'gone', graceMs: 0 };
+  if (f.pidSource === 'function' && !f.executable) {
+    // The pid came from a function recovery cannot call again, and nothing
+    // else names the target's program: no carrier can be proven the target.
+    if (f.carriers === undefined) return { do: 'count-carriers' };
+    if (f.carriers === 0) return { do: 'clean', reason: 'gone', graceMs: LEFTOVER_GRACE_MS };
+    return quarantined('unprovable', 'executable', true);
+  }
+  if (f.found === undefined) return { do: 'look' };
+  if (f.found) return { do: 'adopt', why: 'starting', rewrite: true };
+  if ((f.waitable ?? 0) > 0 && !f.timedOut) return { do: 'wait' };
+  // Without a cgroup, carriers that never became a target (a launcher whose target never exec'd) are
+  // ended as abandon would have; with one, its members are, by the clean.
+  const inCgroup = f.cgroup === 'same' && f.pidSource !== 'function';
+  if (!inCgroup && !f.ended) return { do: 'end-carriers' };
+  // A process whose environment may not be read may be the launch's: unprovable, never "gone".
+  if (f.unreadable > 0) return quarantined('unprovable', 'environ', true);
+  return { do: 'clean', reason: 'gone', graceMs: LEFTOVER_GRACE_MS };
+}
 
 export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const report: RecoveryReport = { adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] };
   // A read error propagates: open() fails and the next open retries.
   const { emit, store } = host;
-  const provable = capabilities().proc;
+  const platform: Platform = { provable: capabilities().proc, allowUnprovable: host.allowUnprovable };
 
-  const quarantine = async (id: string, m: Manifest | null, reason: string, field?: string, persist = true) => {
+  const quarantine = async (id: string, m: Manifest | null, o: Extract<Outcome, { do: 'quarantine' }>) => {
+    const { reason, field } = o;
     const pid = m?.identity?.pid;
-    if (m && persist && m.state !== 'quarantined') {
+    if (m && o.persist && m.state !== 'quarantined') {
       const at = new Date().toISOString();
-      const q: Manifest = {
+      const q: QuarantinedManifest = {
         ...m,
         state: 'quarantined',
         quarantine: { reason, ...(field ? { field } : {}), at },
@@ -187,28 +377,42 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       ...entry,
       message: `${id} quarantined: ${reason}${field ? ` (${field})` : ''}; it will not be signalled`,
     });
+    return entry;
   };
 
   // Cleaned instances share one fsync of the state dir, at the end.
   let unsynced = false;
-  const clean = async (m: Manifest, reason: string, pid?: number, graceMs = 0) => {
+  const clean = async (m: Manifest, o: Extract<Outcome, { do: 'clean' }>, pid?: number) => {
     // Whatever is left in its cgroup is provably the instance's, which is over: ended first, then the cgroup goes.
-    await endCgroup(m, graceMs);
+    await endCgroup(m, o.graceMs);
     removeDeclaredPaths(m.paths, emit, m.id);
     await store.remove(m.id, { sync: false });
     unsynced = true;
-    const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason };
+    const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason: o.reason };
     report.cleaned.push(entry);
-    emit('clean', { ...entry, message: `${m.id}: ${reason}; state cleaned, nothing signalled` });
+    emit('clean', { ...entry, message: `${m.id}: ${o.reason}; state cleaned, nothing signalled` });
   };
 
-  const adopt = (m: Manifest, handle: ProcessHandle, cg: InstanceCgroup | null, reason?: string) => {
+  const adopt = (m: RunningManifest, handle: ProcessHandle, cg: InstanceCgroup | null, reason?: string) => {
     host.adopt(m, handle, cg);
     report.adopted.push({ id: m.id, pid: handle.pid, ...(reason ? { reason } : {}) });
   };
 
+  const defer = (id: string, error: Error) => {
+    // Nothing was signalled or removed; a later recover() decides.
+    host.defer(id, error);
+    const entry = { id, reason: (error as NodeJS.ErrnoException).code ?? 'transient', error };
+    report.deferred.push(entry);
+    emit('warning', {
+      id,
+      reason: entry.reason,
+      message: `${id}: recovery deferred (${error.message}); call recover() again`,
+    });
+  };
+
   // Decide, then act: every manifest is read before anything is done.
-  const manifests: Array<{ id: string; m?: Manifest; err?: unknown }> = [];
+  const manifests: Array<{ id: string; m: Manifest; err?: undefined } | { id: string; m?: undefined; err: unknown }> =
+    [];
   for (const id of store.ids()) {
     if (!host.wants(id)) continue;
     try {
@@ -239,26 +443,21 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const unreadableEnv = new Map<string, Set<number>>();
   const unreadableOf = (m: Manifest) => {
     let set = unreadableEnv.get(m.id);
-    if (!set) unreadableEnv.set(m.id, (set = new Set()));
+    if (!set) {
+      set = new Set();
+      unreadableEnv.set(m.id, set);
+    }
     return set;
   };
 
-  for (const { id, m, err } of manifests) {
+  for (const entry of manifests) {
     try {
-      if (err !== undefined) await unreadable(id, err);
-      else await recoverOne(m!);
+      if (entry.m) await recoverOne(entry.m);
+      else await unreadable(entry.id, entry.err);
     } catch (e) {
-      if (!isTransient(e)) throw e;
-      // The kernel could not answer (EMFILE, ENOMEM...): that is no verdict.
-      // Nothing was signalled or removed; a later recover() decides.
-      host.defer(id, e as Error);
-      const entry = { id, reason: (e as NodeJS.ErrnoException).code ?? 'transient', error: e as Error };
-      report.deferred.push(entry);
-      emit('warning', {
-        id,
-        reason: entry.reason,
-        message: `${id}: recovery deferred (${(e as Error).message}); call recover() again`,
-      });
+      const o = decideFailure(e);
+      if (o.do !== 'defer') throw e;
+      defer(entry.id, o.error);
     }
   }
   if (unsynced) await store.syncDir();
@@ -275,7 +474,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   function cgroupOf(m: Manifest): InstanceCgroup | 'gone' | null {
     if (!m.cgroup) return null;
     const root = host.cgroups;
-    if (!root || !root.owns(m.cgroup.path)) {
+    if (!root?.owns(m.cgroup.path)) {
       emit('warning', {
         id: m.id,
         message: `${m.id}: its cgroup ${m.cgroup.path} is not under this supervisor's cgroup root; judged without it`,
@@ -352,38 +551,42 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   }
 
   async function unreadable(id: string, err: unknown): Promise<void> {
-    if (err instanceof IncompleteInstanceError) {
-      // Never launched: only temp files, which must not be read as valid.
-      // Nothing of custody's there (files a user left): nothing to report.
-      if (!(await store.remove(id)).removed) return;
-      report.cleaned.push({ id, reason: 'incomplete' });
-      emit('clean', {
-        id,
-        reason: 'incomplete',
-        message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned`,
-      });
-      return;
+    const o = decideUnreadable(err);
+    switch (o.do) {
+      case 'rethrow':
+        throw err;
+      case 'defer':
+        throw o.error;
+      case 'quarantine': {
+        // The decoder's message is the report's field only: the event and the table say the reason.
+        const entry = await quarantine(id, null, { ...o, field: undefined });
+        entry.field = o.field;
+        return;
+      }
+      case 'clean':
+        // Nothing of custody's there (files a user left): nothing to report.
+        if (!(await store.remove(id)).removed) return;
+        report.cleaned.push({ id, reason: 'incomplete' });
+        emit('clean', {
+          id,
+          reason: 'incomplete',
+          message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned`,
+        });
+        return;
+      default:
+        throw new Error(`recovery cannot ${o.do} an unreadable manifest`);
     }
-    if (!(err instanceof BadManifestError)) throw err;
-    // EMFILE opening a manifest says nothing about the manifest.
-    if (isTransient(err.cause)) throw err.cause;
-    // Kept on disk for the operator; never deleted, never fatal to the others.
-    await quarantine(id, null, 'bad-manifest', undefined, false);
-    report.quarantined[report.quarantined.length - 1]!.field = err.message;
   }
 
   async function recoverOne(m: Manifest): Promise<void> {
-    const id = m.id;
-    if (m.state === 'quarantined') {
-      await quarantine(id, m, m.quarantine?.reason ?? 'quarantined', m.quarantine?.field);
+    const o = decideManifest(m, platform);
+    if (o.do === 'quarantine') {
+      await quarantine(m.id, m, o);
       return;
     }
-    if (!provable) {
-      if (!host.allowUnprovable || m.state !== 'running') {
-        await quarantine(id, m, 'unprovable');
-        return;
-      }
-      const pid = m.identity!.pid;
+    if (o.do === 'adopt' && m.state === 'running') {
+      const { id } = m;
+      const pid = m.identity.pid;
       adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null, spawned: false }), null, 'unprovable');
       emit('warning', {
         id,
@@ -392,102 +595,94 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       });
       return;
     }
-    if (m.state === 'starting') {
-      await recoverStarting(m);
-      return;
-    }
-    await recoverRunning(m);
+    if (m.state === 'starting') return recoverStarting(m);
+    if (m.state === 'running') return recoverRunning(m);
   }
 
-  async function recoverRunning(m: Manifest): Promise<void> {
+  async function recoverRunning(m: RunningManifest): Promise<void> {
     const id = m.id;
-    const recorded = m.identity!;
-    if (recorded.pid === process.pid) {
-      await quarantine(id, m, 'unprovable', 'pid');
-      return;
-    }
-    const live = pin(recorded.pid);
-    const v = verify(recorded, live?.identity ?? null);
-    const release = () => live?.handle.close();
-    switch (v.verdict) {
-      case 'gone':
-      case 'rebooted':
-        release();
-        await clean(m, v.verdict, recorded.pid);
-        return;
-      case 'unprovable':
-        // Recorded in another pid namespace: its pid names some other
-        // process here. Quarantined in memory only, so a supervisor back in
-        // that namespace can still adopt it; release() is the operator's way out.
-        release();
-        await quarantine(id, m, 'unprovable', v.field, false);
-        return;
-      case 'unrecorded':
-      case 'reused':
-        release();
-        await quarantine(id, m, v.verdict, v.field);
-        return;
-    }
-    const l = live!;
-    // Its cgroup first: an instance recorded in one must be in it (the same cgroup, by id).
-    const cg = cgroupOf(m);
-    if (cg === 'gone') {
-      l.handle.close();
-      await quarantine(id, m, 'mismatch', 'cgroup');
-      return;
-    }
-    // Verified (or a mismatch of exe/argv with equal start ticks): it must
-    // still pass the ownership rule on its own marks (token, uid, not pid 1,
-    // not us or an ancestor). A mismatch is re-proved by the token and the
-    // declared paths in its live argv and the executable; start ticks are never repaired.
-    const program = fileId(m.executable) ? { exe: fileId(m.executable)! } : null;
-    const claim: Claim = { ...targetClaim(m), program, launcherExe: null, cgroup: cg?.node ?? null };
-    // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
-    const j = judge(claim, l.identity, undefined, true, l.environ);
-    if (!j.ours) {
-      l.handle.close();
-      // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
-      const reason =
-        j.why === 'token' || j.why === 'expect' || j.why === 'exe' || j.why === 'cgroup' ? 'mismatch' : 'unprovable';
-      const field = j.why === 'init' || j.why === 'self' || j.why === 'ancestor' ? 'pid' : j.why;
-      await quarantine(id, m, reason, v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : field);
-      return;
-    }
-    if (v.verdict === 'ok') {
-      // Proven: an older format is rewritten in the current one.
-      if (m.version !== MANIFEST_VERSION) {
-        await store.write(m).catch((err: unknown) =>
-          emit('warning', {
-            id,
-            message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}`,
-          }),
-        );
-      }
-      adopt(m, l.handle, cg);
-      emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
-      return;
-    }
-    const provenByArgv = m.paths.every((p) => l.identity.argv.some((a) => a.includes(p)));
-    if (!provenByArgv) {
-      l.handle.close();
-      await quarantine(id, m, 'mismatch', v.field);
-      return;
-    }
-    const repaired: Manifest = {
-      ...m,
-      identity: { ...l.identity, startTicks: recorded.startTicks },
-      updatedAt: new Date().toISOString(),
-    };
-    await store.write(repaired);
-    adopt(repaired, l.handle, cg);
-    report.adopted.pop();
-    report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: v.field });
-    emit('repair', {
-      id,
+    const recorded = m.identity;
+    const f: RunningFacts = {
       pid: recorded.pid,
-      field: v.field,
-      message: `${id}: recorded ${v.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
-    });
+      selfPid: process.pid,
+      current: m.version === MANIFEST_VERSION,
+      paths: m.paths,
+    };
+    let live: Pinned | null = null;
+    let cg: InstanceCgroup | null = null;
+    let kept = false;
+    try {
+      for (;;) {
+        const step = decideRunning(f);
+        if (step.do !== 'read') return await act(step);
+        if (step.what === 'process') {
+          live = pin(recorded.pid);
+          f.verdict = verify(recorded, live?.identity ?? null);
+        } else if (step.what === 'cgroup') {
+          const c = cgroupOf(m);
+          cg = c === 'gone' ? null : c;
+          f.cgroup = c === 'gone' ? 'gone' : c ? 'same' : 'none';
+        } else {
+          if (!live) throw new Error(`recovery of ${id}: ownership asked for without a live process`);
+          // The recorded executable, not the launch's argv: a repaired argv is re-proved by the token and paths.
+          const exe = fileId(m.executable);
+          const claim: Claim = {
+            ...targetClaim(m),
+            program: exe ? { exe } : null,
+            launcherExe: null,
+            cgroup: cg?.node ?? null,
+          };
+          // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
+          f.judgement = judge(claim, live.identity, undefined, true, live.environ);
+          f.liveArgv = live.identity.argv;
+        }
+      }
+    } finally {
+      if (!kept) live?.handle.close();
+    }
+
+    async function act(o: Outcome): Promise<void> {
+      if (o.do === 'clean') return clean(m, o, recorded.pid);
+      if (o.do === 'quarantine') {
+        await quarantine(id, m, o);
+        return;
+      }
+      if (!live || (o.do !== 'adopt' && o.do !== 'repair')) throw new Error(`recovery of ${id} cannot ${o.do}`);
+      kept = true;
+      if (o.do === 'adopt') {
+        // Proven: an older format is rewritten in the current one.
+        if (o.rewrite) {
+          await store.write(m).catch((err: unknown) =>
+            emit('warning', {
+              id,
+              message: `could not rewrite ${id}'s manifest in the current format: ${(err as Error).message}`,
+            }),
+          );
+        }
+        adopt(m, live.handle, cg);
+        emit('adopt', { id, pid: recorded.pid, message: `${id} (pid ${recorded.pid}) adopted: identity verified` });
+        return;
+      }
+      const repaired: RunningManifest = {
+        ...m,
+        identity: { ...live.identity, startTicks: recorded.startTicks },
+        updatedAt: new Date().toISOString(),
+      };
+      try {
+        await store.write(repaired);
+      } catch (err) {
+        kept = false;
+        throw err;
+      }
+      host.adopt(repaired, live.handle, cg);
+      report.repaired.push({ id, pid: recorded.pid, reason: 'mismatch', field: o.field });
+      emit('repair', {
+        id,
+        pid: recorded.pid,
+        field: o.field,
+        message: `${id}: recorded ${o.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
+      });
+    }
   }
 
   /**
@@ -499,64 +694,99 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
    * launcher whose target never exec'd) are ended as abandon would have,
    * only where they are provably custody's launcher or target.
    */
-  async function recoverStarting(m: Manifest): Promise<void> {
-    const cg = cgroupOf(m);
-    // Placed before exec, nothing of the launch ran outside its cgroup, and
-    // a cgroup with a process in it cannot be removed: none is left. (A pid
-    // function's target may live elsewhere: it is looked for as without one.)
-    if (cg === 'gone' && m.pidSource !== 'function') return clean(m, 'gone');
-    const group = cg === 'gone' ? null : cg;
+  async function recoverStarting(m: StartingManifest): Promise<void> {
+    const c = cgroupOf(m);
+    const group = c === 'gone' ? null : c;
     const inside = m.pidSource !== 'function' ? group : null;
     const target: Claim = { ...targetClaim(m), cgroup: inside?.node ?? null };
-    const launcher = launcherClaim(m);
-    if (m.pidSource === 'function' && !m.executable) {
-      // The pid came from a function recovery cannot call again, and nothing
-      // else names the target's program: no carrier can be proven the target.
-      const carriers = await carriersOf(m);
-      if (carriers.length === 0) return clean(m, 'gone', undefined, 2000);
-      return quarantine(m.id, m, 'unprovable', 'executable');
-    }
+    const f: StartingFacts = {
+      pidSource: m.pidSource,
+      executable: !!m.executable,
+      cgroup: c === 'gone' ? 'gone' : c ? 'same' : 'none',
+      unreadable: 0,
+    };
     const deadline = Date.now() + STARTING_CONFIRM_MS;
+    const waits = backoff({ firstMs: 5, maxMs: 100, deadline });
+    await waits.next();
     // With a cgroup the candidates are its members: a token carrier outside it is a bystander, never one.
-    let candidates = inside ? inside.procs() : await carriersOf(m);
-    for (let delay = 5; ; delay = Math.min(delay * 2, 100)) {
-      const chosen = await findTarget(m, target, candidates, inside !== null);
-      if (chosen) {
-        const kept = group && isMember(chosen.identity, { pids: new Set(), cgroup: group.node }) ? group : null;
-        const running: Manifest = {
-          ...m,
-          state: 'running',
-          identity: chosen.identity,
-          cgroup: kept ? m.cgroup : null,
-          updatedAt: new Date().toISOString(),
-        };
-        await store.write(running);
-        adopt(running, chosen.handle, kept, 'starting');
-        emit('adopt', {
-          id: m.id,
-          pid: chosen.identity.pid,
-          message: `${m.id}: a launch interrupted mid-way was found and adopted`,
-        });
-        return;
+    let candidates: number[] | null = null;
+    let chosen: Pinned | null = null;
+    try {
+      for (;;) {
+        f.unreadable = unreadableOf(m).size;
+        const step = decideStarting(f);
+        switch (step.do) {
+          case 'count-carriers':
+            f.carriers = (await carriersOf(m)).length;
+            break;
+          case 'look': {
+            const looked: number[] = candidates ?? (inside ? inside.procs() : await carriersOf(m));
+            chosen = await findTarget(m, target, looked, inside !== null);
+            f.found = chosen !== null;
+            if (chosen) break;
+            if (inside) {
+              candidates = inside.procs();
+              f.waitable = candidates.length;
+            } else {
+              // Only the candidates (and what they forked since) are looked at again, never the whole table.
+              const live = looked.filter((pid) => backend.stat(pid) !== null);
+              candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
+              // An environment that may not be read stays so: waiting cannot prove those.
+              f.waitable = live.filter((pid) => !unreadableOf(m).has(pid)).length;
+            }
+            f.timedOut = Date.now() >= deadline;
+            break;
+          }
+          case 'wait':
+            if ((await waits.next()).done) f.timedOut = true;
+            else f.found = undefined;
+            break;
+          case 'end-carriers':
+            await endOurs(m, [target, launcherClaim(m)], candidates ?? []);
+            f.ended = true;
+            break;
+          case 'adopt': {
+            if (!chosen) throw new Error(`recovery of ${m.id}: adopt without a target`);
+            const p = chosen;
+            chosen = null;
+            return await adoptStarting(m, p, group);
+          }
+          case 'clean':
+            return await clean(m, step);
+          case 'quarantine':
+            await quarantine(m.id, m, step);
+            return;
+          default:
+            throw new Error(`recovery of ${m.id} cannot ${step.do} an interrupted launch`);
+        }
       }
-      if (inside) {
-        candidates = inside.procs();
-        if (candidates.length === 0 || Date.now() >= deadline) break;
-      } else {
-        // Only the candidates (and what they forked since) are looked at again, never the whole table.
-        const live = candidates.filter((pid) => backend.stat(pid) !== null);
-        candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
-        // An environment that may not be read stays so: waiting cannot prove those.
-        const waitable = live.filter((pid) => !unreadableOf(m).has(pid));
-        if (waitable.length === 0 || Date.now() >= deadline) break;
-      }
-      await new Promise((r) => setTimeout(r, delay));
+    } finally {
+      chosen?.handle.close();
+      await waits.return();
     }
-    if (!inside) await endOurs(m, [target, launcher], candidates);
-    // A process whose environment may not be read may be the launch's: unprovable, never "gone".
-    if (unreadableOf(m).size > 0) return quarantine(m.id, m, 'unprovable', 'environ');
-    // Its cgroup's members, if any, get SIGTERM, a grace, then cgroup.kill.
-    await clean(m, 'gone', undefined, 2000);
+  }
+
+  async function adoptStarting(m: StartingManifest, chosen: Pinned, group: InstanceCgroup | null): Promise<void> {
+    const kept = group && isMember(chosen.identity, { pids: new Set(), cgroup: group.node }) ? group : null;
+    const running: RunningManifest = {
+      ...m,
+      state: 'running',
+      identity: chosen.identity,
+      cgroup: kept ? m.cgroup : null,
+      updatedAt: new Date().toISOString(),
+    };
+    try {
+      await store.write(running);
+    } catch (err) {
+      chosen.handle.close();
+      throw err;
+    }
+    adopt(running, chosen.handle, kept, 'starting');
+    emit('adopt', {
+      id: m.id,
+      pid: chosen.identity.pid,
+      message: `${m.id}: a launch interrupted mid-way was found and adopted`,
+    });
   }
 
   /** The interrupted launch's target among the candidates, pinned; null when there is none (yet). Members of its cgroup that are not it are not reported. */
@@ -611,9 +841,10 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       const p = pin(pid);
       if (!p) continue;
       const verdicts = claims.map((c) => judge(c, p.identity, undefined, false, p.environ));
+      const first = verdicts[0];
       if (verdicts.some((v) => v.ours)) roots.push(p.handle);
       else {
-        reject(m, pid, verdicts[0]!);
+        if (first) reject(m, pid, first);
         p.handle.close();
       }
     }
@@ -621,7 +852,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     try {
       await terminateMembers(roots, {
         session: m.session ?? null,
-        graceMs: 2000,
+        graceMs: LEFTOVER_GRACE_MS,
         reapIfChild: true,
         onEscalate: ({ pid }) =>
           emit('escalate', {

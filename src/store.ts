@@ -39,16 +39,14 @@ const isTempName = (name: string) => name.startsWith('.manifest.') && name.endsW
 
 export type ManifestState = 'starting' | 'running' | 'quarantined';
 
-export interface Manifest {
+/** What every manifest carries, whatever its state. */
+interface ManifestFields {
   version: number;
   id: string;
   /** 128-bit random hex; the launched argv carries it, or (tokenMode 'env') its environment as CUSTODY_TOKEN. */
   token: string;
   /** Where the token proved the process: 'argv' (the default; absent before env mode existed) or 'env'. */
   tokenMode?: 'argv' | 'env';
-  state: ManifestState;
-  /** Recorded once exec is confirmed; null while starting. */
-  identity: ProcessIdentity | null;
   command: string;
   args: string[];
   /** argv tokens the confirmed process carries besides the token. */
@@ -70,8 +68,37 @@ export interface Manifest {
   updatedAt: string;
   /** The pid of the supervisor that wrote it. */
   supervisorPid: number;
-  quarantine: { reason: string; field?: string; at: string } | null;
 }
+
+/** Written before anything is spawned: no process is confirmed yet, so none is recorded. */
+export interface StartingManifest extends ManifestFields {
+  state: 'starting';
+  identity: null;
+  quarantine: null;
+}
+
+/** Written once exec is confirmed: the identity from the inspection that confirmed it. */
+export interface RunningManifest extends ManifestFields {
+  state: 'running';
+  identity: ProcessIdentity;
+  quarantine: null;
+}
+
+export interface Quarantine {
+  reason: string;
+  field?: string;
+  at: string;
+}
+
+/** Recovery could not prove it: kept for the operator, never signalled. A launch quarantined while starting has no identity. */
+export interface QuarantinedManifest extends ManifestFields {
+  state: 'quarantined';
+  identity: ProcessIdentity | null;
+  quarantine: Quarantine;
+}
+
+/** One instance's record; narrow on `state` for the fields that state has. */
+export type Manifest = StartingManifest | RunningManifest | QuarantinedManifest;
 
 /** No leading dot: a dot-name is hidden from ls and could be `.` or `..`. */
 const ID_RE = /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/;
@@ -172,11 +199,14 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);
     if (problem) throw bad(problem);
-  } else if (v.state === 'running') {
-    throw bad('a running manifest has no identity');
   }
   if (v.quarantine !== null && !(isObj(v.quarantine) && typeof v.quarantine.reason === 'string'))
     throw bad('quarantine is malformed');
+  // Each state has the fields custody writes in it, and only those: a mix is no state custody was ever in.
+  if (v.state === 'running' && v.identity === null) throw bad('a running manifest has no identity');
+  if (v.state === 'starting' && v.identity !== null) throw bad('a starting manifest has an identity');
+  if (v.state === 'quarantined' && v.quarantine === null) throw bad('a quarantined manifest has no quarantine');
+  if (v.state !== 'quarantined' && v.quarantine !== null) throw bad(`a ${v.state} manifest has a quarantine`);
   return v as unknown as Manifest;
 }
 

@@ -21,6 +21,7 @@ import { assertLogOptions, InstanceLogs } from './logs.js';
 import {
   abandon,
   confirm,
+  confirmedIdentity,
   obtainPid,
   startChild,
   targetInCgroup,
@@ -32,7 +33,14 @@ import {
 import { NotifyChannel } from './notify.js';
 import { recover, type RecoveryReport } from './recover.js';
 import { removeDeclaredPaths } from './paths.js';
-import { assertEntryName, assertId, MANIFEST_VERSION, StateStore, type Manifest } from './store.js';
+import {
+  assertEntryName,
+  assertId,
+  MANIFEST_VERSION,
+  StateStore,
+  type Manifest,
+  type StartingManifest,
+} from './store.js';
 import { forceEnd, terminate } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateCgroup, terminateTree } from './tree.js';
@@ -448,7 +456,7 @@ export class Supervisor {
       ? statSync(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd))
       : null;
     const now = new Date().toISOString();
-    const manifest: Manifest = {
+    const manifest: StartingManifest = {
       version: MANIFEST_VERSION,
       id: spec.id,
       token,
@@ -510,7 +518,7 @@ export class Supervisor {
   async #run(
     spec: LaunchSpec,
     attemptNo: number,
-    manifest: Manifest,
+    manifest: StartingManifest,
     a: Attempt,
     logs: ReturnType<InstanceLogs['prepare']>,
   ): Promise<Instance> {
@@ -584,7 +592,7 @@ export class Supervisor {
       const running: Manifest = {
         ...manifest,
         state: 'running',
-        identity: a.identity,
+        identity: confirmedIdentity(a),
         session,
         cgroup: cg,
         updatedAt: new Date().toISOString(),

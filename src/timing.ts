@@ -13,21 +13,58 @@ export function within<T>(promise: Promise<T>, ms: number, signal?: AbortSignal)
     let timer: NodeJS.Timeout | undefined;
     const onAbort = () => {
       cleanup();
-      reject(new AbortError(signal!.reason));
+      reject(new AbortError(signal?.reason));
     };
     const cleanup = () => {
       if (timer) clearTimeout(timer);
       signal?.removeEventListener('abort', onAbort);
     };
-    if (Number.isFinite(ms)) timer = setTimeout(() => (cleanup(), resolve(TIMED_OUT)), Math.max(0, ms));
+    const settle = (finish: () => void) => {
+      cleanup();
+      finish();
+    };
+    if (Number.isFinite(ms)) timer = setTimeout(() => settle(() => resolve(TIMED_OUT)), Math.max(0, ms));
     signal?.addEventListener('abort', onAbort, { once: true });
     promise.then(
-      (v) => (cleanup(), resolve(v)),
-      (e) => (cleanup(), reject(e)),
+      (v) => settle(() => resolve(v)),
+      (e) => settle(() => reject(e)),
     );
   });
 }
 
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return within(new Promise<never>(() => {}), ms, signal).then(() => undefined);
+}
+
+export interface BackoffOptions {
+  /** The first wait (default 1 ms); each next one doubles, up to maxMs. */
+  firstMs?: number;
+  maxMs: number;
+  /** When to stop, as a Date.now() value; or timeoutMs from the first attempt. Neither: never. */
+  deadline?: number;
+  timeoutMs?: number;
+  /** Aborts the wait: the loop throws AbortError. */
+  signal?: AbortSignal;
+}
+
+/**
+ * The one polling loop: `for await (const waited of backoff(o)) { if (done()) break; }`. The first attempt
+ * comes at once, each next one after a wait that doubles (firstMs, 2*firstMs, ... maxMs), the last cut to
+ * the deadline; the loop ends once an attempt finds the deadline passed. Yields the ms waited before the
+ * attempt (0 for the first). Leaving the loop early leaves no timer behind.
+ */
+export async function* backoff(options: BackoffOptions): AsyncGenerator<number, void, undefined> {
+  const { maxMs, signal } = options;
+  const deadline = options.deadline ?? Date.now() + (options.timeoutMs ?? Number.POSITIVE_INFINITY);
+  let delay = options.firstMs ?? 1;
+  let waited = 0;
+  for (;;) {
+    if (signal?.aborted) throw new AbortError(signal.reason);
+    yield waited;
+    const left = deadline - Date.now();
+    if (left <= 0) return;
+    waited = Math.min(delay, left);
+    await sleep(waited, signal);
+    delay = Math.min(Math.max(delay * 2, 1), maxMs);
+  }
 }

@@ -19,7 +19,7 @@ import { ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
 import { signalNumber } from './signals.js';
-import { sleep, TIMED_OUT, within } from './timing.js';
+import { backoff, sleep, TIMED_OUT, within } from './timing.js';
 import { terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
 import { UNKNOWN_EXIT } from './signals.js';
 import { assertPid } from './validate.js';
@@ -49,8 +49,7 @@ export function descendants(pid: number, options: { reapIfChild?: boolean } = {}
   const out: ProcessHandle[] = [];
   const seen = new Set<number>([pid]);
   const queue = [pid];
-  while (queue.length) {
-    const parent = queue.shift()!;
+  for (let parent = queue.shift(); parent !== undefined; parent = queue.shift()) {
     for (const child of backend.children(parent)) {
       if (seen.has(child)) continue;
       seen.add(child);
@@ -107,7 +106,9 @@ class MemberSet {
       for (const pid of found) {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);
-        if (h) this.#add(h), added++;
+        if (!h) continue;
+        this.#add(h);
+        added++;
       }
       if (added === before) break;
     }
@@ -186,8 +187,8 @@ export async function terminateMembers(
         const more = await set.grow(k !== TIMED_OUT);
         if (k !== TIMED_OUT && more === 0) break;
         if (Date.now() >= killDeadline) {
-          const alive = set.alive();
-          if (alive.length) throw new StopTimeoutError(alive[0]!, killWaitMs);
+          const [alive] = set.alive();
+          if (alive !== undefined) throw new StopTimeoutError(alive, killWaitMs);
           break;
         }
       }
@@ -282,9 +283,7 @@ export async function terminateCgroup(
   const deadline = Date.now() + graceMs;
   const rootsGone = () => roots.every((r) => r.hasExited || !r.isAlive());
   try {
-    for (let delay = 1; cg.populated() && !rootsGone() && Date.now() < deadline; delay = Math.min(delay * 2, 25)) {
-      await sleep(Math.min(delay, Math.max(0, deadline - Date.now())), abort);
-    }
+    for await (const _ of backoff({ maxMs: 25, deadline, signal: abort })) if (!cg.populated() || rootsGone()) break;
   } catch (err) {
     if (!(err instanceof AbortError)) throw err;
     aborted = err;

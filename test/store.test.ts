@@ -283,6 +283,23 @@ describe(`the manifest decoder (${backend.name})`, () => {
       expect(() => decode({ pid })).toThrow(/identity\.pid is not an integer from 1 to/);
   });
 
+  it('each state carries its own fields only: a mix custody never writes is a bad manifest', async () => {
+    const s = await opened();
+    await s.launch('vm');
+    const m = s.manifest('vm') as unknown as Record<string, unknown>;
+    const decode = (more: Record<string, unknown>) => decodeManifest(JSON.stringify({ ...m, ...more }), 'm', 'vm');
+    const q = { reason: 'reused', field: 'startTicks', at: new Date().toISOString() };
+    // What custody writes: a starting one without identity, a running one with it, a quarantine with its record.
+    expect(decode({ state: 'starting', identity: null }).state).toBe('starting');
+    const held = decode({ state: 'quarantined', quarantine: q });
+    expect(held.state === 'quarantined' && held.quarantine.reason).toBe('reused');
+    expect(decode({ state: 'quarantined', identity: null, quarantine: q }).identity).toBeNull();
+    expect(() => decode({ identity: null })).toThrow(/a running manifest has no identity/);
+    expect(() => decode({ state: 'starting' })).toThrow(/a starting manifest has an identity/);
+    expect(() => decode({ quarantine: q })).toThrow(/a running manifest has a quarantine/);
+    expect(() => decode({ state: 'quarantined' })).toThrow(/a quarantined manifest has no quarantine/);
+  });
+
   it('a manifest with a pid beyond pid_max is quarantined as a bad manifest; open does not fail', async () => {
     const s = await opened();
     const inst = await s.launch('real');

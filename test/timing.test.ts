@@ -1,6 +1,6 @@
-/** src/timing.ts: within() and sleep() settle once, honour AbortSignal, and leave no timer behind. */
+/** src/timing.ts: within(), sleep() and backoff() settle once, honour AbortSignal, and leave no timer behind. */
 import { describe, expect, it } from 'vitest';
-import { sleep, TIMED_OUT, within } from '../src/timing.js';
+import { backoff, sleep, TIMED_OUT, within } from '../src/timing.js';
 
 const activeTimers = () =>
   (process as unknown as { getActiveResourcesInfo(): string[] }).getActiveResourcesInfo().filter((r) => r === 'Timeout')
@@ -25,5 +25,58 @@ describe('timing', () => {
 
   it('an infinite bound never times out', async () => {
     expect(await within(new Promise((r) => setTimeout(() => r('late'), 20)), Number.POSITIVE_INFINITY)).toBe('late');
+  });
+});
+
+/** Every wait backoff() makes, for at most `n` attempts. */
+async function waits(n: number, options: Parameters<typeof backoff>[0]): Promise<number[]> {
+  const out: number[] = [];
+  for await (const waited of backoff(options)) {
+    out.push(waited);
+    if (out.length === n) break;
+  }
+  return out;
+}
+
+describe('backoff', () => {
+  it('tries at once, then waits firstMs, doubling up to maxMs', async () => {
+    expect(await waits(7, { maxMs: 8 })).toEqual([0, 1, 2, 4, 8, 8, 8]);
+    expect(await waits(5, { firstMs: 5, maxMs: 100 })).toEqual([0, 5, 10, 20, 40]);
+    // A first wait of 0 (a bare yield to the loop) still grows.
+    expect(await waits(4, { firstMs: 0, maxMs: 20 })).toEqual([0, 0, 1, 2]);
+  });
+
+  it('ends once an attempt finds the deadline passed, the last wait cut to it', async () => {
+    const deadline = Date.now() + 40;
+    const seen = await waits(1000, { maxMs: 1000, deadline });
+    expect(Date.now()).toBeGreaterThanOrEqual(deadline);
+    // Bounded by the deadline, not by the attempt count; no wait beyond what was left.
+    expect(seen.length).toBeLessThan(1000);
+    expect(seen.reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(40);
+    // A deadline already passed: one attempt, no wait.
+    expect(await waits(10, { maxMs: 10, deadline: Date.now() - 1 })).toEqual([0]);
+    // timeoutMs counts from the first attempt.
+    const start = Date.now();
+    await waits(1000, { maxMs: 5, timeoutMs: 20 });
+    expect(Date.now() - start).toBeGreaterThanOrEqual(20);
+  });
+
+  it('an abort ends the wait with AbortError; an aborted signal before any attempt too', async () => {
+    const ac = new AbortController();
+    const seen: number[] = [];
+    const loop = (async () => {
+      for await (const waited of backoff({ firstMs: 10_000, maxMs: 10_000, signal: ac.signal })) seen.push(waited);
+    })();
+    await sleep(5);
+    ac.abort(new Error('enough'));
+    await expect(loop).rejects.toMatchObject({ name: 'AbortError', cause: new Error('enough') });
+    expect(seen).toEqual([0]);
+    await expect(waits(3, { maxMs: 1, signal: ac.signal })).rejects.toMatchObject({ name: 'AbortError' });
+  });
+
+  it('leaving the loop early leaves no timer behind', async () => {
+    const before = activeTimers();
+    for await (const waited of backoff({ maxMs: 50, timeoutMs: 10_000 })) if (waited >= 4) break;
+    expect(activeTimers()).toBe(before);
   });
 });

@@ -11,20 +11,14 @@ import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
 import { accessSync, closeSync, constants as fsc, openSync, readFileSync, statSync, readdirSync } from 'node:fs';
 import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
-import { NotAProcessError, UnsupportedError } from '../errors.js';
+import { type ErrnoCode, errnoError, isErrnoCode, NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
 import { assertOwnProc, ProcReads } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
 
-function esrch(pid: number, syscall: string): NodeJS.ErrnoException {
-  const err = new Error(`${syscall} ESRCH (No such process): pid ${pid}`) as NodeJS.ErrnoException;
-  err.code = 'ESRCH';
-  err.errno = -3;
-  err.syscall = syscall;
-  return err;
-}
+const esrch = (pid: number, syscall: string) => errnoError('ESRCH', syscall, undefined, `pid ${pid}`);
 
 /** A read that failed because the process is gone, as opposed to one the kernel could not answer (EMFILE, ENOMEM...). */
 const vanished = (err: unknown) => {
@@ -44,7 +38,7 @@ function readProc(path: string, pid: number): Buffer {
 
 function readStat(path: string, pid: number): StatFields {
   const stat = parseStat(readProc(path, pid).toString('latin1'));
-  if (!stat) throw Object.assign(new Error(`unparseable ${path}`), { code: 'EPROTO', syscall: 'read' });
+  if (!stat) throw errnoError('EPROTO', 'read', path, 'unparseable');
   return stat;
 }
 
@@ -111,7 +105,10 @@ class ExitPoller {
 
   add(ref: JsPidRef): void {
     let set = this.#watched.get(ref.pid);
-    if (!set) this.#watched.set(ref.pid, (set = new Set()));
+    if (!set) {
+      set = new Set();
+      this.#watched.set(ref.pid, set);
+    }
     set.add(ref);
     if (!this.#timer) {
       this.#timer = setInterval(() => this.#tick(), ExitPoller.INTERVAL_MS);
@@ -167,9 +164,13 @@ class JsPidRef implements PidRef {
 
   get exited(): Promise<ExitStatus> {
     if (!this.#exited) {
-      this.#exited = new Promise((resolve) => (this.#resolve = resolve));
-      if (this.#status) this.#resolve!(this.#status);
-      else {
+      const status = this.#status;
+      this.#exited = status
+        ? Promise.resolve(status)
+        : new Promise((resolve) => {
+            this.#resolve = resolve;
+          });
+      if (!status) {
         poller.add(this);
         this.#polling = true;
         this.#syncRef();
@@ -183,7 +184,8 @@ class JsPidRef implements PidRef {
   }
 
   get gone(): Promise<void> {
-    return (this.#gone ??= this.exited.then(() => undefined));
+    this.#gone ??= this.exited.then(() => undefined);
+    return this.#gone;
   }
 
   get hasExited(): boolean {
@@ -252,9 +254,10 @@ class ChildPidRef implements PidRef {
   #child: ChildProcess;
   #status: ExitStatus | undefined;
 
-  constructor(child: ChildProcess) {
+  /** `pid`: the child's, which child_process sets once the spawn succeeded. */
+  constructor(child: ChildProcess, pid: number) {
     this.#child = child;
-    this.pid = child.pid!;
+    this.pid = pid;
     this.exited = new Promise((resolve) => {
       child.once('exit', (code, signal) => {
         this.#status = { code, signal };
@@ -313,6 +316,7 @@ class ChildPidRef implements PidRef {
  */
 const PLACE_SHELL = '/bin/sh';
 const PLACE_SCRIPT =
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: a shell parameter expansion, not a JS template
   'echo 0 >"$0" || exit 126; case $1 in set:*) PWD=${1#set:}; export PWD;; *) unset PWD;; esac; shift; exec "$@"';
 
 function shellUsable(): boolean {
@@ -379,10 +383,7 @@ export class JsBackend extends ProcReads implements Backend {
         pidfsId: null,
       };
     }
-    throw Object.assign(new Error(`read EAGAIN: pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`), {
-      code: 'EAGAIN',
-      syscall: 'read',
-    });
+    throw errnoError('EAGAIN', 'read', undefined, `pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`);
   }
 
   spawnedHere(): boolean {
@@ -412,7 +413,8 @@ export class JsBackend extends ProcReads implements Backend {
   }
 
   bootId(): string {
-    return (this.#bootId ??= readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim());
+    this.#bootId ??= readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
+    return this.#bootId;
   }
 
   async matchArgv(argv: readonly string[], procRoot = '/proc'): Promise<number[]> {
@@ -503,7 +505,7 @@ export class JsBackend extends ProcReads implements Backend {
               return [kv.slice(0, eq), kv.slice(eq + 1)];
             }),
           );
-    const [file, args, argv0] = req.cgroup ? placed(req, env) : [req.file, req.argv.slice(1), req.argv[0]];
+    const [file, args, argv0] = req.cgroup ? placed(req, req.cgroup, env) : [req.file, req.argv.slice(1), req.argv[0]];
     const child = cpSpawn(file, args, {
       argv0,
       cwd: req.cwd,
@@ -518,7 +520,7 @@ export class JsBackend extends ProcReads implements Backend {
       // 'error' event carries the errno, and pid is undefined.
       throw spawnFailure(child, req.file);
     }
-    return { ref: new ChildPidRef(child), stdin: child.stdin, stdout: child.stdout, stderr: child.stderr };
+    return { ref: new ChildPidRef(child, child.pid), stdin: child.stdin, stdout: child.stdout, stderr: child.stderr };
   }
 }
 
@@ -528,7 +530,7 @@ export class JsBackend extends ProcReads implements Backend {
  * basename on PATH. Anything else (an argv0 of its own) would exec another
  * argv than asked: refused.
  */
-function placed(req: SpawnRequest, env: NodeJS.ProcessEnv): [string, string[], string] {
+function placed(req: SpawnRequest, cgroup: string, env: NodeJS.ProcessEnv): [string, string[], string] {
   const argv0 = req.argv[0] ?? '';
   const finds = argv0.includes('/')
     ? resolvePath(req.cwd ?? process.cwd(), argv0) === req.file
@@ -538,7 +540,7 @@ function placed(req: SpawnRequest, env: NodeJS.ProcessEnv): [string, string[], s
       `the js backend cannot place ${req.file} in a cgroup under argv[0] ${JSON.stringify(argv0)}: its exec wrapper runs argv[0] as given; use the native backend`,
     );
   }
-  const procs = join(req.cgroup!, 'cgroup.procs');
+  const procs = join(cgroup, 'cgroup.procs');
   // A cgroup that is not there (or not ours to write) fails here, at once,
   // as on the native backend, not as the wrapper's exit status later.
   closeSync(openSync(procs, fsc.O_WRONLY));
@@ -550,16 +552,13 @@ function spawnFailure(child: ChildProcess, file: string): Error {
   // Node sets `pid` undefined and emits 'error' on the next tick; the errno is
   // in the spawn result's internal error, which we re-derive from the file.
   child.on('error', () => {});
-  let code = 'ENOENT';
+  let code: ErrnoCode = 'ENOENT';
   try {
     const st = statSync(file);
     if (!st.isFile() || (st.mode & 0o111) === 0) code = 'EACCES';
   } catch (err) {
-    code = (err as NodeJS.ErrnoException).code ?? 'ENOENT';
+    const c = (err as NodeJS.ErrnoException).code;
+    if (isErrnoCode(c)) code = c;
   }
-  const err = new Error(`spawn ${file} ${code}`) as NodeJS.ErrnoException;
-  err.code = code;
-  err.syscall = 'spawn';
-  err.path = file;
-  return err;
+  return errnoError(code, 'spawn', file);
 }

@@ -18,7 +18,7 @@ import {
 } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import { decodeArg } from '../bytes.js';
-import { ForeignProcError } from '../errors.js';
+import { errnoError, ForeignProcError } from '../errors.js';
 import { parseStat, type StatFields } from '../proc.js';
 import type { PidRef } from './types.js';
 import { UnprovenPidRef } from './unproven.js';
@@ -195,10 +195,7 @@ export class FreshScan<T> {
   }
 }
 
-function noSuchProcess(pid: number): NodeJS.ErrnoException {
-  const err = new Error(`read ESRCH (No such process): pid ${pid}`);
-  return Object.assign(err, { code: 'ESRCH', errno: -3, syscall: 'read' });
-}
+const noSuchProcess = (pid: number) => errnoError('ESRCH', 'read', undefined, `pid ${pid}`);
 
 /**
  * A pinned process's /proc/<pid>/environ, both backends (a plain read is all either needs, then the pin

@@ -476,7 +476,7 @@ export async function confirm(
           pinned.ref.close();
           a.target = child;
         } else {
-          a.target = new ProcessHandle(pinned.ref, { identity: live, spawned: false });
+          a.target = new ProcessHandle(pinned.ref, { identity: live });
         }
         return;
       }
@@ -700,7 +700,7 @@ async function endTree(
       const live = toIdentity(p.pid, pinned.raw, backend.bootId());
       const verdict = judge(claim, live, { pids: rootPids, session: a.session }, false, environOf(pinned.ref));
       if (verdict.ours) {
-        extra.push(new ProcessHandle(pinned.ref, { identity: live, spawned: false }));
+        extra.push(new ProcessHandle(pinned.ref, { identity: live }));
         continue;
       }
       pinned.ref.close();

@@ -317,7 +317,7 @@ export function confirmedTarget(a: Attempt): ProcessHandle {
 }
 
 /** The process startChild() spawned. */
-function spawned(a: Attempt): ProcessHandle {
+export function spawned(a: Attempt): ProcessHandle {
   if (!a.child) throw new Error(`launch of ${a.id}: nothing spawned yet`);
   return a.child;
 }

@@ -328,7 +328,7 @@ describe(`the cap (${backend.name})`, () => {
     );
     closeSync(fd);
     cleanups.push(async () => (h.signal('SIGKILL'), await h.exited));
-    void logs.watch('chatty', h.gone);
+    void logs.watch('chatty');
     await waitFor(() => existsSync(`${files.stderr}.1`), 5000, 'a rotation');
     // Bounded: what one check interval lets the writer add, never the whole output.
     const sizes: number[] = [];

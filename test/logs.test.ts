@@ -352,6 +352,22 @@ describe(`the cap (${backend.name})`, () => {
     expect(events).toEqual([]);
   });
 
+  it('an unwatched log is no longer checked; its file stays', async () => {
+    const stateDir = scratch();
+    const logs = new InstanceLogs(stateDir, { report: () => {}, live: () => [], checkMs: 20 });
+    cleanups.push(() => logs.close());
+    const files = logs.prepare('quiet', { maxBytes: 16, keep: 1 });
+    expect(files).not.toBeNull();
+    const stderr = files?.stderr ?? '';
+    await logs.watch('quiet');
+    logs.unwatch('quiet');
+    writeFileSync(stderr, 'x'.repeat(4096));
+    // Ten check intervals: a check still running would have rotated it.
+    await new Promise((r) => setTimeout(r, 200));
+    expect(statSync(stderr).size).toBe(4096);
+    expect(existsSync(`${stderr}.1`)).toBe(false);
+  });
+
   it('a log that grew past the cap while no supervisor ran is capped when the instance is adopted', async () => {
     const root = scratch();
     const stateDir = join(root, 'state');

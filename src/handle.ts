@@ -27,8 +27,6 @@ export class ProcessHandle {
   readonly stdin: Writable | null;
   readonly stdout: Readable | null;
   readonly stderr: Readable | null;
-  /** True for a child this handle spawned. */
-  readonly spawned: boolean;
   readonly #ref: PidRef;
 
   /** @internal */
@@ -36,7 +34,6 @@ export class ProcessHandle {
     ref: PidRef,
     init: {
       identity: ProcessIdentity | null;
-      spawned: boolean;
       stdin?: Writable | null;
       stdout?: Readable | null;
       stderr?: Readable | null;
@@ -45,7 +42,6 @@ export class ProcessHandle {
     this.#ref = ref;
     this.pid = ref.pid;
     this.identity = init.identity;
-    this.spawned = init.spawned;
     this.stdin = init.stdin ?? null;
     this.stdout = init.stdout ?? null;
     this.stderr = init.stderr ?? null;
@@ -123,7 +119,7 @@ export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessH
       throw new IdentityMismatchError(pid, result.verdict, result.field);
     }
   }
-  return new ProcessHandle(ref, { identity, spawned: false });
+  return new ProcessHandle(ref, { identity });
 }
 
 export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };
@@ -306,7 +302,6 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
     }
     return new ProcessHandle(child.ref, {
       identity: null,
-      spawned: true,
       stdin: child.stdin,
       stdout: child.stdout,
       stderr: child.stderr,

@@ -317,7 +317,7 @@ export function confirmedTarget(a: Attempt): ProcessHandle {
 }
 
 /** The process startChild() spawned. */
-function spawned(a: Attempt): ProcessHandle {
+export function spawned(a: Attempt): ProcessHandle {
   if (!a.child) throw new Error(`launch of ${a.id}: nothing spawned yet`);
   return a.child;
 }
@@ -476,7 +476,7 @@ export async function confirm(
           pinned.ref.close();
           a.target = child;
         } else {
-          a.target = new ProcessHandle(pinned.ref, { identity: live, spawned: false });
+          a.target = new ProcessHandle(pinned.ref, { identity: live });
         }
         return;
       }
@@ -700,7 +700,7 @@ async function endTree(
       const live = toIdentity(p.pid, pinned.raw, backend.bootId());
       const verdict = judge(claim, live, { pids: rootPids, session: a.session }, false, environOf(pinned.ref));
       if (verdict.ours) {
-        extra.push(new ProcessHandle(pinned.ref, { identity: live, spawned: false }));
+        extra.push(new ProcessHandle(pinned.ref, { identity: live }));
         continue;
       }
       pinned.ref.close();

@@ -28,6 +28,7 @@ import {
   readSync,
   renameSync,
   rmSync,
+  type Stats,
   unlinkSync,
   write,
 } from 'node:fs';
@@ -63,6 +64,9 @@ const PRUNE_EVERY_MS = 3600 * 1000;
 const MAX_KEEP = 9;
 const LOGS_DIR = LOGS;
 const CHUNK = 64 * 1024;
+
+/** One object for every instance with the default limits (most of them), not one each. */
+const DEFAULT_LIMITS: Readonly<Required<LogOptions>> = Object.freeze({ maxBytes: LOG_MAX_BYTES, keep: LOG_KEEP });
 
 const APPEND = fsc.O_WRONLY | fsc.O_APPEND | fsc.O_CREAT;
 
@@ -210,7 +214,7 @@ export async function* followLog(
   let decoder = new StringDecoder('utf8');
   const buf = Buffer.alloc(CHUNK);
   const drain = function* () {
-    for (let n; (n = readSync(fd, buf, 0, CHUNK, offset)) > 0; ) {
+    for (let n = readSync(fd, buf, 0, CHUNK, offset); n > 0; n = readSync(fd, buf, 0, CHUNK, offset)) {
       offset += n;
       yield decoder.write(buf.subarray(0, n));
     }
@@ -226,7 +230,7 @@ export async function* followLog(
       }
       const cur = fstatSync(fd);
       if (cur.size < offset) offset = 0;
-      let now;
+      let now: Stats;
       try {
         now = lstatSync(path);
       } catch {
@@ -234,7 +238,7 @@ export async function* followLog(
       }
       if (now.ino === cur.ino && now.dev === cur.dev) continue;
       yield* drain();
-      let next;
+      let next: { fd: number; size: number };
       try {
         next = openRead(path);
       } catch (err) {
@@ -262,7 +266,7 @@ const truncateAsync = promisify(ftruncate);
  * place. Off the event loop; a path that is not a regular file is left alone.
  */
 export async function capLog(file: string, maxBytes: number, keep: number): Promise<boolean> {
-  let r;
+  let r: ReturnType<typeof openRegular>;
   try {
     r = openRegular(file, fsc.O_RDWR);
   } catch {
@@ -342,8 +346,10 @@ export type LogReport = (type: 'warning' | 'clean', fields: { id: string; messag
 export class InstanceLogs {
   readonly stateDir: string;
   readonly checkMs: number;
-  #limits = new Map<string, Required<LogOptions> | null>();
-  #watched = new Map<string, Required<LogOptions>>();
+  /** Limits of launches prepared and not yet watched (null: logs: false). */
+  #limits = new Map<string, Readonly<Required<LogOptions>> | null>();
+  /** Running instances whose logs are checked, and their limits. */
+  #watched = new Map<string, Readonly<Required<LogOptions>>>();
   #busy = new Set<string>();
   #timer: NodeJS.Timeout | undefined;
   #lastPrune = 0;
@@ -367,7 +373,10 @@ export class InstanceLogs {
       this.#limits.set(id, null);
       return null;
     }
-    const limits = { maxBytes: options?.maxBytes ?? LOG_MAX_BYTES, keep: options?.keep ?? LOG_KEEP };
+    const limits =
+      options?.maxBytes === undefined && options?.keep === undefined
+        ? DEFAULT_LIMITS
+        : { maxBytes: options.maxBytes ?? LOG_MAX_BYTES, keep: options.keep ?? LOG_KEEP };
     const files = logPaths(this.stateDir, id);
     privateDir(join(this.stateDir, LOGS_DIR));
     privateDir(files.dir);
@@ -379,23 +388,28 @@ export class InstanceLogs {
   }
 
   /**
-   * While the instance runs (until `gone`), its logs are kept under their
+   * While the instance runs (until unwatch()), its logs are kept under their
    * cap: checked at once (an adopted daemon may have written past it while
    * no supervisor ran), then every checkMs. Returns the first check.
    */
-  watch(id: string, gone: Promise<unknown>): Promise<void> {
-    const limits = this.#limits.has(id) ? this.#limits.get(id)! : { maxBytes: LOG_MAX_BYTES, keep: LOG_KEEP };
+  watch(id: string): Promise<void> {
+    const prepared = this.#limits.get(id);
+    this.#limits.delete(id);
+    // Adopted (no prepare() in this process): the defaults.
+    const limits = prepared === undefined ? DEFAULT_LIMITS : prepared;
     if (limits === null) return Promise.resolve();
     this.#watched.set(id, limits);
-    void gone.then(() => {
-      if (this.#watched.get(id) === limits) this.#watched.delete(id);
-      if (this.#watched.size === 0) this.#stopTimer();
-    });
     if (!this.#timer) {
       this.#timer = setInterval(() => void this.#check([...this.#watched]), this.checkMs);
       this.#timer.unref();
     }
     return this.#check([[id, limits]]);
+  }
+
+  /** The instance is gone (or its launch failed): its logs are no longer checked; the files stay. */
+  unwatch(id: string): void {
+    this.#limits.delete(id);
+    if (this.#watched.delete(id) && this.#watched.size === 0) this.#stopTimer();
   }
 
   close(): void {
@@ -408,7 +422,7 @@ export class InstanceLogs {
     this.#timer = undefined;
   }
 
-  async #check(entries: Array<[string, Required<LogOptions>]>): Promise<void> {
+  async #check(entries: Array<[string, Readonly<Required<LogOptions>>]>): Promise<void> {
     for (const [id, { maxBytes, keep }] of entries) {
       const files = logPaths(this.stateDir, id);
       for (const file of [files.stdout, files.stderr]) {

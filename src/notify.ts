@@ -261,7 +261,7 @@ export class NotifyChannel {
       return;
     }
     this.#mainPid?.handle.close();
-    this.#mainPid = { handle: new ProcessHandle(ref, { identity: live, spawned: false }), identity: live, from };
+    this.#mainPid = { handle: new ProcessHandle(ref, { identity: live }), identity: live, from };
   }
 
   /** Makes an accepted MAINPID the target, recorded from the inspection that accepted it. */

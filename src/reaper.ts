@@ -59,7 +59,7 @@ export function reapMembers(): number[] {
     }
     try {
       const { ref } = backend.inspectPinned(pid, { reapIfChild: true });
-      const h = new ProcessHandle(ref, { identity: null, spawned: false }).unref();
+      const h = new ProcessHandle(ref, { identity: null }).unref();
       pinned.set(pid, h);
       orphanSession.set(pid, st.session);
       void h.exited.then(() => {

@@ -93,7 +93,7 @@ function pin(pid: number): Pinned | null {
   try {
     const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
     const identity = toIdentity(pid, raw, backend.bootId());
-    return { identity, handle: new ProcessHandle(ref, { identity, spawned: false }), environ: environOf(ref) };
+    return { identity, handle: new ProcessHandle(ref, { identity }), environ: environOf(ref) };
   } catch (err) {
     if (isNoProcess(err)) return null;
     throw err;
@@ -587,7 +587,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     if (o.do === 'adopt' && m.state === 'running') {
       const { id } = m;
       const pid = m.identity.pid;
-      adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null, spawned: false }), null, 'unprovable');
+      adopt(m, new ProcessHandle(backend.unproven(pid), { identity: null }), null, 'unprovable');
       emit('warning', {
         id,
         pid,

@@ -22,7 +22,9 @@ import {
   abandon,
   confirm,
   confirmedIdentity,
+  confirmedTarget,
   obtainPid,
+  spawned,
   startChild,
   targetInCgroup,
   waitReady,
@@ -41,7 +43,7 @@ import {
   type Manifest,
   type StartingManifest,
 } from './store.js';
-import { forceEnd, terminate } from './terminate.js';
+import { forceEnd, terminate, type TerminateResult } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateCgroup, terminateTree } from './tree.js';
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
@@ -132,30 +134,81 @@ export interface StopOptions {
   signal?: AbortSignal;
 }
 
-export interface StopResult {
-  outcome: 'exited' | 'already-gone';
-  escalated: boolean;
-  code: number | null;
-  signal: NodeJS.Signals | null;
+/** How a stop ended: what terminate() says of the main process (the instance is stopped as a whole). */
+export type StopResult = TerminateResult;
+
+/*
+ * The table of tracked instances, one record per id, a union on `status`:
+ * each status carries only what exists in it. A transition replaces the
+ * record; whoever holds an old one (an exit watcher, a stop in flight) finds
+ * out by comparing it with the table's. Only what stop, list, the reaper
+ * and recovery's questions need is kept, not the manifest (it is on disk):
+ * a supervisor may hold thousands of instances.
+ */
+
+/** A process custody pinned, confirmed and recorded. */
+interface Pinned {
+  /** The record launch() returned (and get() returns); its id is the table's key. */
+  instance: Instance;
+  handle: ProcessHandle;
+  cgroup: InstanceCgroup | null;
+  /** The session custody created for it, while the target is in it (the manifest's `session`). */
+  session: number | null;
+  /** Declared paths, removed once it is proven gone. */
+  paths: readonly string[];
 }
 
-interface Tracked {
-  id: string;
-  status: InstanceStatus;
-  manifest: Manifest | null;
-  handle: ProcessHandle | null;
-  instance: Instance | null;
-  reason?: string;
-  field?: string;
-  exit?: ExitStatus;
-  stopping?: Promise<StopResult>;
-  /** Why recovery deferred it (status 'deferred'). */
-  error?: Error;
-  /** The instance's cgroup, where it has one. */
-  cgroup: InstanceCgroup | null;
-  /** Set while the leftovers of a main process that exited on its own are ended and its state removed. */
-  exitCleanup?: Promise<void>;
+interface Starting {
+  status: 'starting';
 }
+
+interface Running extends Pinned {
+  status: 'running';
+}
+
+/** Its main process exited on its own; what it left (its cgroup's leftovers, its state) is being cleaned up. */
+interface Exited extends Pinned {
+  status: 'exited';
+  exit: ExitStatus;
+  cleanup: Promise<void>;
+}
+
+/** A stop in flight; list() shows the status it came from, and a failed stop goes back to it. */
+interface Stopping {
+  status: 'stopping';
+  from: Running | Exited;
+  done: Promise<StopResult>;
+}
+
+interface Quarantined {
+  status: 'quarantined';
+  /** null for a manifest that could not be read. */
+  manifest: Manifest | null;
+  reason: string;
+  field?: string;
+}
+
+/** Recovery (or a failed abandon) could not decide it now. */
+interface Deferred {
+  status: 'deferred';
+  error: Error;
+}
+
+type Tracked = Starting | Running | Exited | Stopping | Quarantined | Deferred;
+
+/** The pinned process of a record, stopping or not; null where there is none. */
+function pinnedOf(t: Tracked): Running | Exited | null {
+  if (t.status === 'stopping') return t.from;
+  return t.status === 'running' || t.status === 'exited' ? t : null;
+}
+
+/** The status list() shows: a stop in flight is not a status of its own. */
+function shownStatus(t: Tracked): InstanceStatus {
+  return t.status === 'stopping' ? t.from.status : t.status;
+}
+
+/** Empty declared paths, shared by every instance that has none. */
+const NO_PATHS: readonly string[] = Object.freeze([]);
 
 export class Supervisor {
   readonly stateDir: string;
@@ -172,11 +225,14 @@ export class Supervisor {
   #subreaper = false;
   /** The sessions its running instances' members are in, for the subreaper's reaping. */
   readonly #sessions = () => {
-    const running = [...this.#table.values()].filter((t) => t.status === 'running' && t.manifest?.identity);
+    const running = [...this.#table.values()].flatMap((t) => {
+      const p = pinnedOf(t);
+      return p?.status === 'running' ? [p] : [];
+    });
     return {
-      sessions: running.flatMap((t) => [t.manifest!.session ?? 0, t.manifest!.identity!.session ?? 0]),
-      pids: running.flatMap((t) => (t.handle ? [t.handle.pid] : [])),
-      cgroups: running.flatMap((t) => (t.cgroup ? [t.cgroup.node] : [])),
+      sessions: running.flatMap((p) => [p.session ?? 0, p.instance.identity.session ?? 0]),
+      pids: running.map((p) => p.handle.pid),
+      cgroups: running.flatMap((p) => (p.cgroup ? [p.cgroup.node] : [])),
     };
   };
   #closed = false;
@@ -232,7 +288,8 @@ export class Supervisor {
           sup.#emit('warning', { message }),
         );
       }
-      if (options.subreaper && (sup.#subreaper = acquireSubreaper())) addReaperSource(sup.#sessions);
+      if (options.subreaper) sup.#subreaper = acquireSubreaper();
+      if (sup.#subreaper) addReaperSource(sup.#sessions);
       if (options.subreaper && !sup.#subreaper) {
         sup.#emit('warning', {
           message: `subreaper needs the native backend (${backend.capabilities().reason ?? backend.name}); daemons that double-fork will be re-parented to init`,
@@ -267,7 +324,10 @@ export class Supervisor {
       cgroups: this.#cgroups,
       usesCgroup: (path) =>
         this.#launching.has(path) ||
-        [...this.#table.values()].some((t) => t.cgroup?.path === path || t.manifest?.cgroup?.path === path),
+        [...this.#table.values()].some(
+          (t) =>
+            pinnedOf(t)?.cgroup?.path === path || (t.status === 'quarantined' && t.manifest?.cgroup?.path === path),
+        ),
       wants: (id) => {
         const t = this.#table.get(id);
         return !t || t.status === 'deferred';
@@ -301,7 +361,8 @@ export class Supervisor {
 
   /** Registers an adopted or launched process and watches its exit. */
   #track(manifest: Manifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): Instance {
-    const identity = manifest.identity!;
+    const identity = manifest.identity;
+    if (!identity) throw new Error(`internal: ${manifest.id} is tracked without a recorded identity`);
     const instance: Instance = {
       id: manifest.id,
       pid: handle.pid,
@@ -310,48 +371,45 @@ export class Supervisor {
       exited: handle.exited,
       cgroup: cgroup?.path ?? null,
     };
-    const t: Tracked = { id: manifest.id, status: 'running', manifest, handle, instance, cgroup };
-    this.#table.set(manifest.id, t);
+    const running: Running = {
+      status: 'running',
+      instance,
+      handle,
+      cgroup,
+      session: manifest.session ?? null,
+      paths: manifest.paths.length ? manifest.paths : NO_PATHS,
+    };
+    this.#table.set(manifest.id, running);
     if (!this.#options.keepAlive) handle.unref();
-    void handle.exited.then((status) => this.#onExit(t, status));
-    void this.#logs.watch(manifest.id, handle.gone);
+    // Bound rather than a closure: one small object per instance, no context.
+    void instance.exited.then(this.#onExit.bind(this, instance));
+    void this.#logs.watch(manifest.id);
     return instance;
   }
 
   #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
-    this.#table.set(id, {
-      id,
-      status: 'quarantined',
-      manifest,
-      handle: null,
-      instance: null,
-      reason,
-      field,
-      cgroup: null,
-    });
+    const t: Quarantined = { status: 'quarantined', manifest, reason };
+    if (field !== undefined) t.field = field;
+    this.#table.set(id, t);
   }
 
   /** Recovery (or a failed abandon) could not decide this id now; launch and stop refuse it until a later recover() does. */
   #defer(id: string, error: Error): void {
-    this.#table.set(id, {
-      id,
-      status: 'deferred',
-      manifest: null,
-      handle: null,
-      instance: null,
-      reason: (error as NodeJS.ErrnoException).code,
-      error,
-      cgroup: null,
-    });
+    this.#table.set(id, { status: 'deferred', error });
   }
 
-  #onExit(t: Tracked, status: ExitStatus): void {
-    if (this.#table.get(t.id) !== t || t.stopping || this.#closed) return;
-    t.status = 'exited';
-    t.exit = status;
+  #onExit(instance: Instance, status: ExitStatus): void {
+    const { id } = instance;
+    const t = this.#table.get(id);
+    // A stop in flight, or a later launch of the id, owns what happens now.
+    if (t?.status !== 'running' || t.instance !== instance || this.#closed) return;
+    this.#logs.unwatch(id);
+    const { handle, cgroup, session, paths } = t;
+    const cleanup = this.#cleanUpAfter(t);
+    this.#table.set(id, { status: 'exited', instance, handle, cgroup, session, paths, exit: status, cleanup });
     this.#emit('exit', {
-      id: t.id,
-      pid: t.handle?.pid,
+      id,
+      pid: t.handle.pid,
       code: status.code,
       signal: status.signal,
       message: `exited on its own (${describeExit(status)})`,
@@ -359,22 +417,26 @@ export class Supervisor {
     // Proven gone (its pidfd said so): stale sockets and state go with it,
     // and, as systemd does when a service's main process exits, whatever it
     // left in its cgroup (the cgroup first: the state goes only once it is empty).
-    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.#emit, t.id);
-    t.exitCleanup = this.#inFlight(
+    removeDeclaredPaths(t.paths, this.#emit, id);
+  }
+
+  #cleanUpAfter(t: Running): Promise<void> {
+    const { id } = t.instance;
+    return this.#inFlight(
       (async () => {
         if (t.cgroup) {
-          const { leftovers } = await this.#terminate(t, t.handle!, 0, undefined);
+          const { leftovers } = await this.#terminate(t, 0, undefined);
           if (leftovers?.length) {
-            const message = `${t.id}: ${leftovers.length} process(es) its main process left in its cgroup were killed (cgroup.kill)`;
-            this.#emit('warning', { id: t.id, pids: leftovers, message });
+            const message = `${id}: ${leftovers.length} process(es) its main process left in its cgroup were killed (cgroup.kill)`;
+            this.#emit('warning', { id, pids: leftovers, message });
           }
           await t.cgroup.remove();
         }
-        await this.#store.remove(t.id);
+        await this.#store.remove(id);
       })(),
     ).catch((err: unknown) => {
       this.#emit('warning', {
-        id: t.id,
+        id,
         message: `could not clean up after an exited instance: ${(err as Error).message}`,
       });
     });
@@ -399,14 +461,15 @@ export class Supervisor {
     const existing = this.#table.get(id);
     if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
     if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);
-    if (this.#busy.has(id) || existing?.status === 'running' || existing?.status === 'starting') {
-      throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing?.status ?? 'launching'}`);
+    if (this.#busy.has(id) || (existing && existing.status !== 'exited')) {
+      const now = existing?.status === 'stopping' ? 'stopping' : (existing?.status ?? 'launching');
+      throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${now}`);
     }
     // A state dir moved or replaced since open would get a record nobody finds.
     this.#store.assertInPlace();
     this.#busy.add(id);
     if (existing?.status === 'exited') this.#table.delete(id);
-    const placeholder: Tracked = { id, status: 'starting', manifest: null, handle: null, instance: null, cgroup: null };
+    const placeholder: Starting = { status: 'starting' };
     this.#table.set(id, placeholder);
     try {
       const attempts = spec.attempts ?? 1;
@@ -544,10 +607,11 @@ export class Supervisor {
       // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
       if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
       startChild(a, spec, logs);
+      const child = spawned(a);
       this.#emit('spawn', {
         id: spec.id,
-        pid: a.child!.pid,
-        message: `spawned pid ${a.child!.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})`,
+        pid: child.pid,
+        message: `spawned pid ${child.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})`,
       });
       const deadline = Date.now() + confirmTimeoutMs;
       let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
@@ -570,8 +634,8 @@ export class Supervisor {
         id: spec.id,
         pid,
         token,
-        identity: a.identity!,
-        exited: a.target!.exited,
+        identity: confirmedIdentity(a),
+        exited: confirmedTarget(a).exited,
         cgroup: cgroup?.path ?? null,
       };
       if (spec.ready) {
@@ -579,7 +643,7 @@ export class Supervisor {
         const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
         await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
         // A notify launch's MAINPID= may have made another pid the target (re-confirmed).
-        pid = a.target!.pid;
+        pid = confirmedTarget(a).pid;
         const how = spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready';
         this.#emit('ready', { id: spec.id, pid, message: how });
       }
@@ -587,30 +651,32 @@ export class Supervisor {
       if (this.#closed)
         throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
       // The session is recorded only while the target is in it: stop and recovery then count its members.
-      const session = a.session !== null && a.identity!.session === a.session ? a.session : null;
+      const target = confirmedTarget(a);
+      const identity = confirmedIdentity(a);
+      const session = a.session !== null && identity.session === a.session ? a.session : null;
       const cg = cgroup ? { path: cgroup.path, id: cgroup.id } : null;
       const running: Manifest = {
         ...manifest,
         state: 'running',
-        identity: confirmedIdentity(a),
+        identity,
         session,
         cgroup: cg,
         updatedAt: new Date().toISOString(),
       };
       await this.#store.write(running);
-      if (a.child !== a.target) {
+      if (child !== target) {
         // The launcher is ours to reap whenever it ends; it holds nothing.
-        a.child!.unref();
-        a.child!.close();
-        if (a.cgroup && !cgroup) this.#removeLauncherCgroup(spec.id, a.child!, a.cgroup);
+        child.unref();
+        child.close();
+        if (a.cgroup && !cgroup) this.#removeLauncherCgroup(spec.id, child, a.cgroup);
       }
-      const tracked = this.#track(running, a.target!, cgroup);
+      const tracked = this.#track(running, target, cgroup);
       const notify = a.notify;
       if (notify) {
         // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.
         notify.keep();
         this.#notifiers.add(notify);
-        void a.target!.gone.then(() => this.#notifiers.delete(notify));
+        void target.gone.then(() => this.#notifiers.delete(notify));
       }
       // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
       this.#reap();
@@ -672,7 +738,7 @@ export class Supervisor {
     if (!t || t.status === 'starting') throw notFound(id, t?.status);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
-    if (t.stopping) return t.stopping;
+    if (t.status === 'stopping') return t.done;
     const graceMs = options.graceMs ?? 30_000;
     assertDuration(graceMs, 'graceMs');
     if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
@@ -683,22 +749,29 @@ export class Supervisor {
         `${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`,
       );
     }
-    t.stopping = this.#inFlight(this.#stop(t, { ...options, graceMs }));
+    const stopping: Stopping = {
+      status: 'stopping',
+      from: t,
+      done: this.#inFlight(this.#stop(t, { ...options, graceMs })),
+    };
+    this.#table.set(id, stopping);
     try {
-      return await t.stopping;
+      return await stopping.done;
     } finally {
-      t.stopping = undefined;
+      // Not stopped (it threw before the process was proven gone): it is what it was.
+      if (this.#table.get(id) === stopping) this.#table.set(id, t);
     }
   }
 
-  async #stop(t: Tracked, options: StopOptions & { graceMs: number }): Promise<StopResult> {
-    const h = t.handle!;
+  async #stop(t: Running | Exited, options: StopOptions & { graceMs: number }): Promise<StopResult> {
+    const h = t.handle;
     if (options.signal?.aborted) throw new AbortError(options.signal.reason);
     // An exit seen while we were not stopping is being cleaned up: let that finish first.
-    await t.exitCleanup;
+    // (Awaited either way: stop() records the stop before any of it happens.)
+    await (t.status === 'exited' ? t.cleanup : null);
     let result: StopResult;
     try {
-      result = await this.#end(t, h, options);
+      result = await this.#end(t, options);
     } catch (err) {
       if (!(err instanceof AbortError)) throw err;
       // Abort means "force it now": KILL, a bounded wait until it is gone
@@ -707,29 +780,34 @@ export class Supervisor {
         await terminateCgroup(t.cgroup, [h], {
           termSignal: 'SIGKILL',
           graceMs: 0,
-          killEach: !this.#cgroups!.capabilities().kill,
+          killEach: this.#killEach(),
         });
       else
         await (options.tree !== false
-          ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.manifest?.session })
+          ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.session })
           : forceEnd(h));
       await t.cgroup?.remove();
-      await this.#removeState(t.id);
+      await this.#removeState(t.instance.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
-      this.#stopped(t, h, killed, 'stop aborted: ended with SIGKILL; state removed');
+      this.#stopped(t, killed, 'stop aborted: ended with SIGKILL; state removed');
       throw err;
     }
     // Proven gone (populated 0, or every pin's exit seen): the cgroup goes, then the state.
     await t.cgroup?.remove();
-    await this.#removeState(t.id);
+    await this.#removeState(t.instance.id);
     const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
-    this.#stopped(t, h, result, `stopped (${how}); state removed`);
+    this.#stopped(t, result, `stopped (${how}); state removed`);
     return result;
   }
 
+  /** Without cgroup.kill (Linux < 5.14) every member is killed through its own pidfd. */
+  #killEach(): boolean {
+    return this.#cgroups?.capabilities().kill !== true;
+  }
+
   /** Members re-parented to us (as subreaper) that the instance's tree no longer reaches. */
-  #orphansOf(t: Tracked): ProcessHandle[] {
-    const session = t.manifest?.identity?.session;
+  #orphansOf(t: Pinned): ProcessHandle[] {
+    const session = t.instance.identity.session;
     return this.#subreaper && session ? orphansInSession(session) : [];
   }
 
@@ -745,44 +823,44 @@ export class Supervisor {
   }
 
   /** Proven gone: the pin, the declared paths, the entry go; the stop event says how. */
-  #stopped(t: Tracked, h: ProcessHandle, result: StopResult, message: string): void {
+  #stopped(t: Pinned, result: StopResult, message: string): void {
+    const { id } = t.instance;
     this.#reap();
-    h.close();
-    if (t.manifest) removeDeclaredPaths(t.manifest.paths, this.#emit, t.id);
-    if (this.#table.get(t.id) === t) this.#table.delete(t.id);
-    this.#emit('stop', { id: t.id, pid: h.pid, ...result, message });
+    t.handle.close();
+    this.#logs.unwatch(id);
+    removeDeclaredPaths(t.paths, this.#emit, id);
+    const now = this.#table.get(id);
+    if (now?.status === 'stopping' && now.from === t) this.#table.delete(id);
+    this.#emit('stop', { id, pid: t.handle.pid, ...result, message });
   }
 
-  async #end(t: Tracked, h: ProcessHandle, options: StopOptions & { graceMs: number }): Promise<StopResult> {
+  async #end(t: Running | Exited, options: StopOptions & { graceMs: number }): Promise<StopResult> {
+    const h = t.handle;
     if (t.status === 'exited' || h.exitStatus) {
       // Leftovers of a main process that is gone are still the instance's.
-      if (t.cgroup) await this.#terminate(t, h, 0, options.signal);
-      const st = t.exit ?? h.exitStatus ?? UNKNOWN_EXIT;
+      if (t.cgroup) await this.#terminate(t, 0, options.signal);
+      const st = (t.status === 'exited' ? t.exit : h.exitStatus) ?? UNKNOWN_EXIT;
       return { outcome: 'already-gone', escalated: false, code: st.code, signal: st.signal };
     }
+    const single = options.tree === false;
     if (!options.graceful) {
-      const { leftovers: _l, ...result } = await this.#terminate(
-        t,
-        h,
-        options.graceMs,
-        options.signal,
-        options.tree === false,
-      );
+      const { leftovers: _l, ...result } = await this.#terminate(t, options.graceMs, options.signal, single);
       return result;
     }
+    const { id } = t.instance;
     const ac = new AbortController();
     // Gone, not exited: a non-child's status may come much later, if ever.
     const gone = h.gone.then(() => 'gone' as const);
     // The hook asks (sync or async); the process then has the rest of graceMs to act on it.
-    const hook = callHook(options.graceful, t.instance!, ac.signal).then(
+    const hook = callHook(options.graceful, t.instance, ac.signal).then(
       () => gone,
       (err: unknown) => {
         const why = (err as Error)?.message ?? String(err);
-        this.#emit('warning', { id: t.id, message: `graceful stop hook failed: ${why}` });
+        this.#emit('warning', { id, message: `graceful stop hook failed: ${why}` });
         return 'failed' as const;
       },
     );
-    let r;
+    let r: 'gone' | 'failed' | typeof TIMED_OUT | undefined;
     try {
       r = await within(Promise.race([hook, gone]), options.graceMs, options.signal);
     } finally {
@@ -791,17 +869,11 @@ export class Supervisor {
     }
     if (r === TIMED_OUT) {
       this.#emit('warning', {
-        id: t.id,
+        id,
         message: `graceful stop did not end the process within ${options.graceMs} ms; terminating`,
       });
     }
-    const { leftovers: _l, ...result } = await this.#terminate(
-      t,
-      h,
-      options.termGraceMs ?? 2000,
-      options.signal,
-      options.tree === false,
-    );
+    const { leftovers: _l, ...result } = await this.#terminate(t, options.termGraceMs ?? 2000, options.signal, single);
     return r === 'gone' ? { ...result, outcome: 'exited' } : result;
   }
 
@@ -811,26 +883,22 @@ export class Supervisor {
    * pinned), else (tree: false) of the main process alone.
    */
   async #terminate(
-    t: Tracked,
-    h: ProcessHandle,
+    t: Pinned,
     graceMs: number,
     signal: AbortSignal | undefined,
     single = false,
   ): Promise<StopResult & { leftovers?: number[] }> {
+    const h = t.handle;
+    const { id } = t.instance;
     const onEscalate = ({ pid, graceMs }: { pid: number; graceMs: number }) =>
       this.#emit('escalate', {
-        id: t.id,
+        id,
         pid,
-        message: `${t.id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL`,
+        message: `${id} (pid ${pid}) did not stop within ${graceMs} ms of SIGTERM; sending SIGKILL`,
       });
     if (t.cgroup) {
       const wasAlive = h.isAlive();
-      const r = await terminateCgroup(t.cgroup, [h], {
-        graceMs,
-        signal,
-        onEscalate,
-        killEach: !this.#cgroups!.capabilities().kill,
-      });
+      const r = await terminateCgroup(t.cgroup, [h], { graceMs, signal, onEscalate, killEach: this.#killEach() });
       const st = h.exitStatus ?? (await within(h.exited, 50));
       const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
       return {
@@ -847,7 +915,7 @@ export class Supervisor {
       signal,
       onEscalate,
       reapIfChild: true,
-      session: t.manifest?.session,
+      session: t.session,
       also: this.#orphansOf(t),
     });
     return result;
@@ -861,9 +929,10 @@ export class Supervisor {
   async sweep(options: SweepOptions): Promise<SweepResult> {
     this.#assertOpen();
     validateSweep(options);
-    const tracked = [...this.#table.values()].map((t) => t.handle?.pid).filter((p): p is number => p !== undefined);
+    const pinned = [...this.#table.values()].flatMap((t) => pinnedOf(t) ?? []);
+    const tracked = pinned.map((p) => p.handle.pid);
     // Whatever is in an instance's cgroup is that instance's, whatever its argv says: never an orphan.
-    const members = [...this.#table.values()].flatMap((t) => t.cgroup?.procs() ?? []);
+    const members = pinned.flatMap((p) => p.cgroup?.procs() ?? []);
     const exclude = new Set([...(options.exclude ?? []), ...tracked, ...members]);
     const result = await sweep({ ...options, exclude });
     this.#reportSweep(options, result);
@@ -914,26 +983,16 @@ export class Supervisor {
     if (!t) throw notFound(id);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status !== 'exited')
-      throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is ${t.status}; stop() it instead`);
+      throw new CustodyError(
+        'ERR_CUSTODY_BUSY',
+        `instance ${id} is ${t.status}${t.status === 'stopping' ? '' : '; stop() it instead'}`,
+      );
     this.#table.delete(id);
   }
 
   /** Every instance with its status; a quarantined one never hides the others. */
   list(): InstanceInfo[] {
-    return [...this.#table.values()].map((t) => {
-      const pid = t.handle?.pid ?? t.manifest?.identity?.pid ?? null;
-      // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
-      const ppid =
-        t.status === 'running' && t.handle && !t.handle.hasExited
-          ? liveParent(t.handle.pid, t.manifest?.identity?.startTicks)
-          : null;
-      const info: InstanceInfo = { id: t.id, status: t.status, pid, ppid };
-      if (t.reason !== undefined) info.reason = t.reason;
-      if (t.field !== undefined) info.field = t.field;
-      if (t.exit !== undefined) info.exit = t.exit;
-      if (t.cgroup) info.cgroup = t.cgroup.path;
-      return info;
-    });
+    return [...this.#table].map(([id, t]) => info(id, t));
   }
 
   /**
@@ -965,13 +1024,15 @@ export class Supervisor {
     this.#assertOpen();
     assertId(id);
     const t = this.#table.get(id);
-    if (!t || t.status !== 'running') throw notFound(id, t?.status, 'running');
-    if (!t.cgroup) {
+    // While it is being stopped it still runs: usage() and thaw() still answer.
+    const p = t && pinnedOf(t);
+    if (!t || p?.status !== 'running') throw notFound(id, t && shownStatus(t), 'running');
+    if (!p.cgroup) {
       throw new UnsupportedError(
         `${what}() needs an instance cgroup: ${this.#cgroups ? `${id} has none (its target was created outside it)` : 'the supervisor was opened without a cgroup root'}`,
       );
     }
-    return t.cgroup;
+    return p.cgroup;
   }
 
   /** capabilities(), with `cgroup` describing this supervisor's root (null without one). */
@@ -988,7 +1049,8 @@ export class Supervisor {
 
   /** The instance record of a running id. */
   get(id: string): Instance | undefined {
-    return this.#table.get(id)?.instance ?? undefined;
+    const t = this.#table.get(id);
+    return t ? pinnedOf(t)?.instance : undefined;
   }
 
   /**
@@ -1001,8 +1063,8 @@ export class Supervisor {
     this.#assertOpen();
     assertEntryName(id);
     const t = this.#table.get(id);
-    if (!t || t.status !== 'quarantined') throw notFound(id, t?.status, 'quarantined');
-    await this.#inFlight(this.#release(t));
+    if (t?.status !== 'quarantined') throw notFound(id, t && shownStatus(t), 'quarantined');
+    await this.#inFlight(this.#release(id, t));
   }
 
   /**
@@ -1015,29 +1077,30 @@ export class Supervisor {
     this.#assertOpen();
     const released: string[] = [];
     let failure: unknown;
-    for (const t of [...this.#table.values()].filter((x) => x.status === 'quarantined')) {
+    for (const [id, t] of [...this.#table]) {
+      if (t.status !== 'quarantined') continue;
       try {
-        await this.#inFlight(this.#release(t));
-        released.push(t.id);
+        await this.#inFlight(this.#release(id, t));
+        released.push(id);
       } catch (err) {
         failure ??= err;
-        this.#emit('warning', { id: t.id, message: `release of ${t.id} failed: ${(err as Error).message}` });
+        this.#emit('warning', { id, message: `release of ${id} failed: ${(err as Error).message}` });
       }
     }
     if (failure) throw failure;
     return released;
   }
 
-  async #release(t: Tracked): Promise<void> {
+  async #release(id: string, t: Quarantined): Promise<void> {
     // Its cgroup goes only if nothing is in it (rmdir refuses otherwise): nothing is signalled.
     await this.#cgroups
       ?.find(t.manifest?.cgroup)
       ?.remove(0)
       .catch(() => {});
-    await this.#store.remove(t.id);
-    if (this.#table.get(t.id) === t) this.#table.delete(t.id);
-    const message = `quarantine of ${t.id} released by the operator (${t.reason}); nothing was signalled`;
-    this.#emit('release', { id: t.id, pid: t.manifest?.identity?.pid, reason: t.reason, message });
+    await this.#store.remove(id);
+    if (this.#table.get(id) === t) this.#table.delete(id);
+    const message = `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled`;
+    this.#emit('release', { id, pid: t.manifest?.identity?.pid, reason: t.reason, message });
   }
 
   /**
@@ -1080,7 +1143,7 @@ export class Supervisor {
       releaseSubreaper();
     }
     this.#reserve.release();
-    for (const t of this.#table.values()) t.handle?.close();
+    for (const t of this.#table.values()) pinnedOf(t)?.handle.close();
     this.#cgroups?.close();
     this.#store.close();
   }
@@ -1092,6 +1155,32 @@ export class Supervisor {
   async [Symbol.for('nodejs.asyncDispose')](): Promise<void> {
     await this.close();
   }
+}
+
+/** What list() says of one record. */
+function info(id: string, t: Tracked): InstanceInfo {
+  const status = shownStatus(t);
+  if (t.status === 'quarantined') {
+    const out: InstanceInfo = { id, status, pid: t.manifest?.identity?.pid ?? null, ppid: null, reason: t.reason };
+    if (t.field !== undefined) out.field = t.field;
+    return out;
+  }
+  if (t.status === 'deferred') {
+    const out: InstanceInfo = { id, status, pid: null, ppid: null };
+    const reason = (t.error as NodeJS.ErrnoException).code;
+    if (reason !== undefined) out.reason = reason;
+    return out;
+  }
+  const p = pinnedOf(t);
+  if (!p) return { id, status, pid: null, ppid: null };
+  const { handle, instance } = p;
+  // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
+  const ppid =
+    p.status === 'running' && !handle.hasExited ? liveParent(handle.pid, instance.identity.startTicks) : null;
+  const out: InstanceInfo = { id, status, pid: handle.pid, ppid };
+  if (p.status === 'exited') out.exit = p.exit;
+  if (p.cgroup) out.cgroup = p.cgroup.path;
+  return out;
 }
 
 function liveParent(pid: number, startTicks: number | undefined): number | null {

@@ -115,7 +115,7 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
       if (matches({ pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
         pinned.push({
           identity: toIdentity(pid, raw, backend.bootId()),
-          handle: new ProcessHandle(ref, { identity: null, spawned: false }),
+          handle: new ProcessHandle(ref, { identity: null }),
         });
       } else ref.close();
     } catch (err) {

@@ -30,7 +30,7 @@ function pinMember(pid: number, members: Members, reapIfChild: boolean): Process
   try {
     const { raw, ref } = backend.inspectPinned(pid, { reapIfChild });
     const identity = toIdentity(pid, raw, backend.bootId());
-    if (isMember(identity, members)) return new ProcessHandle(ref, { identity, spawned: false });
+    if (isMember(identity, members)) return new ProcessHandle(ref, { identity });
     ref.close();
     return null;
   } catch (err) {

@@ -33,6 +33,17 @@ describe(`spawn (${backend.name})`, () => {
     expect(await spawn('sh', ['-c', 'kill -USR1 $$']).exited).toEqual({ code: null, signal: 'SIGUSR1' });
   });
 
+  it('answers exited and gone asked only after the exit was seen, with the same status', async () => {
+    const h = spawn('sh', ['-c', 'exit 7']);
+    // Nothing asked while it runs: the pin still sees the exit (and reaps its child).
+    await waitFor(() => h.hasExited && h.exitStatus !== undefined, 10_000, 'the exit to be seen');
+    await h.gone;
+    expect(await h.exited).toEqual({ code: 7, signal: null });
+    expect(h.exited).toBe(h.exited);
+    expect(h.signal('SIGTERM')).toBe(false);
+    h.close();
+  });
+
   it('fails synchronously with ENOENT or EACCES and leaves no process', () => {
     expect(() => spawn('/nonexistent/custody-x')).toThrow(expect.objectContaining({ code: 'ENOENT' }));
     // A PATH of searchable dirs only: one we may not search makes it EACCES (below).

@@ -328,7 +328,7 @@ describe(`the cap (${backend.name})`, () => {
     );
     closeSync(fd);
     cleanups.push(async () => (h.signal('SIGKILL'), await h.exited));
-    void logs.watch('chatty', h.gone);
+    void logs.watch('chatty');
     await waitFor(() => existsSync(`${files.stderr}.1`), 5000, 'a rotation');
     // Bounded: what one check interval lets the writer add, never the whole output.
     const sizes: number[] = [];
@@ -350,6 +350,22 @@ describe(`the cap (${backend.name})`, () => {
       'a whole rotated generation',
     );
     expect(events).toEqual([]);
+  });
+
+  it('an unwatched log is no longer checked; its file stays', async () => {
+    const stateDir = scratch();
+    const logs = new InstanceLogs(stateDir, { report: () => {}, live: () => [], checkMs: 20 });
+    cleanups.push(() => logs.close());
+    const files = logs.prepare('quiet', { maxBytes: 16, keep: 1 });
+    expect(files).not.toBeNull();
+    const stderr = files?.stderr ?? '';
+    await logs.watch('quiet');
+    logs.unwatch('quiet');
+    writeFileSync(stderr, 'x'.repeat(4096));
+    // Ten check intervals: a check still running would have rotated it.
+    await new Promise((r) => setTimeout(r, 200));
+    expect(statSync(stderr).size).toBe(4096);
+    expect(existsSync(`${stderr}.1`)).toBe(false);
   });
 
   it('a log that grew past the cap while no supervisor ran is capped when the instance is adopted', async () => {

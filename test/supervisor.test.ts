@@ -175,6 +175,32 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(existsSync(socket)).toBe(false);
   });
 
+  it('while a stop is in flight the instance still lists as running, a second stop joins it, launch and remove are refused', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'slow.sock');
+    const inst = await ctx.supervisor.launch({
+      id: 'slow',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--ignore-term']),
+      ready: { socket },
+    });
+    const first = ctx.supervisor.stop('slow', { graceMs: 400 });
+    const second = ctx.supervisor.stop('slow', { graceMs: 5 });
+    expect(ctx.supervisor.list()).toMatchObject([{ id: 'slow', status: 'running', pid: inst.pid }]);
+    expect(ctx.supervisor.get('slow')).toBe(inst);
+    expect(() => ctx.supervisor.remove('slow')).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BUSY' }));
+    await expect(
+      ctx.supervisor.launch({ id: 'slow', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } }),
+    ).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY', message: expect.stringMatching(/stopping/) });
+    const [a, b] = await Promise.all([first, second]);
+    expect(a).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' });
+    expect(b).toEqual(a);
+    expect(ctx.supervisor.list()).toEqual([]);
+    expect(ctx.supervisor.get('slow')).toBeUndefined();
+    // Exactly one stop ran: one escalation, one stop event.
+    expect(types(ctx.events, 'slow').filter((t) => t === 'escalate' || t === 'stop')).toEqual(['escalate', 'stop']);
+  });
+
   it('bounds a graceful hook that hangs, warns, and terminates', async () => {
     ctx = await openSupervisor();
     const socket = join(ctx.root, 'hang.sock');

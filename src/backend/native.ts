@@ -29,13 +29,28 @@ const CLD_EXITED = 1;
 
 type Origin = 'spawned' | 'adopted' | 'other';
 
-const pidfdFinalizer = new FinalizationRegistry<{ addon: NativeAddon; fd: number }>(({ addon, fd }) => {
-  try {
-    addon.close(fd);
-  } catch {
-    // already closed with the environment
-  }
-});
+/**
+ * What every pin on one addon shares, held once rather than by each pin: a
+ * supervisor may hold thousands of them.
+ */
+interface PinContext {
+  readonly addon: NativeAddon;
+  /** PIDFD_INFO_EXIT works: a non-child's status can be read once its parent reaps it. */
+  readonly exitInfo: boolean;
+  /** Closes the pidfd of a pin dropped without close(); the held value is the fd (a small integer, no object). */
+  readonly finalizer: FinalizationRegistry<number>;
+}
+
+function pinContext(addon: NativeAddon, exitInfo: boolean): PinContext {
+  const finalizer = new FinalizationRegistry<number>((fd) => {
+    try {
+      addon.close(fd);
+    } catch {
+      // already closed with the environment
+    }
+  });
+  return { addon, exitInfo, finalizer };
+}
 
 /** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */
 const spawnedPids = new Set<number>();
@@ -43,30 +58,39 @@ const spawnedPids = new Set<number>();
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
 
+/** The status a waitid() siginfo describes: its code for a normal exit, else the signal. */
+function fromSiginfo(info: { code: number; status: number }): ExitStatus {
+  return info.code === CLD_EXITED ? { code: info.status, signal: null } : decodeWaitStatus(info.status & 0x7f);
+}
+
+/**
+ * A pidfd, and the exit it will see. Its promises exist only once someone
+ * asks for them (`exited`, `gone`): a pin nobody waits on costs its fields
+ * and its watcher, nothing more.
+ */
 export class NativePidRef implements PidRef {
   readonly pid: number;
   #fd: number;
-  #addon: NativeAddon;
-  #origin: Origin;
+  readonly #ctx: PinContext;
+  readonly #origin: Origin;
   #watcher = 0;
-  #exited: Promise<ExitStatus> | undefined;
-  #resolve: ((s: ExitStatus) => void) | undefined;
+  /** The exit was seen (the pidfd turned readable); its status may come later. */
+  #seen = false;
   #status: ExitStatus | undefined;
   #closed = false;
   #refed = true;
-  #exitInfo: boolean;
-  #seen = false;
+  #exited: Promise<ExitStatus> | undefined;
+  #resolveExited: ((s: ExitStatus) => void) | undefined;
   #gone: Promise<void> | undefined;
   #resolveGone: (() => void) | undefined;
 
-  constructor(addon: NativeAddon, pid: number, fd: number, origin: Origin, exitInfo: boolean) {
-    this.#addon = addon;
+  constructor(ctx: PinContext, pid: number, fd: number, origin: Origin) {
+    this.#ctx = ctx;
     this.pid = pid;
     this.#fd = fd;
     this.#origin = origin;
-    this.#exitInfo = exitInfo;
     // A handle dropped without close() must not keep its pidfd forever.
-    pidfdFinalizer.register(this, { addon, fd }, this);
+    ctx.finalizer.register(this, fd, this);
     // Our own children are always watched: they must be reaped even if
     // nobody ever asks how they ended.
     if (origin === 'spawned') {
@@ -76,8 +100,11 @@ export class NativePidRef implements PidRef {
   }
 
   get exited(): Promise<ExitStatus> {
-    if (!this.#exited) this.#watch();
-    return this.#exited!;
+    if (this.#exited) return this.#exited;
+    this.#watch();
+    const status = this.#status;
+    this.#exited = status ? Promise.resolve(status) : new Promise((resolve) => (this.#resolveExited = resolve));
+    return this.#exited;
   }
 
   get exitStatus(): ExitStatus | undefined {
@@ -85,8 +112,10 @@ export class NativePidRef implements PidRef {
   }
 
   get gone(): Promise<void> {
-    if (!this.#exited) this.#watch();
-    return this.#gone!;
+    if (this.#gone) return this.#gone;
+    this.#watch();
+    this.#gone = this.#seen ? Promise.resolve() : new Promise((resolve) => (this.#resolveGone = resolve));
+    return this.#gone;
   }
 
   get hasExited(): boolean {
@@ -96,7 +125,7 @@ export class NativePidRef implements PidRef {
   signal(signo: number): boolean {
     if (this.#seen || this.#status || this.#fd < 0) return false;
     try {
-      this.#addon.pidfdSendSignal(this.#fd, signo);
+      this.#ctx.addon.pidfdSendSignal(this.#fd, signo);
       return true;
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === 'ESRCH') return false;
@@ -106,12 +135,12 @@ export class NativePidRef implements PidRef {
 
   ref(): void {
     this.#refed = true;
-    if (this.#watcher) this.#addon.watchRef(this.#watcher, true);
+    if (this.#watcher) this.#ctx.addon.watchRef(this.#watcher, true);
   }
 
   unref(): void {
     this.#refed = false;
-    if (this.#watcher) this.#addon.watchRef(this.#watcher, false);
+    if (this.#watcher) this.#ctx.addon.watchRef(this.#watcher, false);
   }
 
   close(): void {
@@ -126,62 +155,57 @@ export class NativePidRef implements PidRef {
   }
 
   #release(): void {
-    pidfdFinalizer.unregister(this);
+    this.#ctx.finalizer.unregister(this);
     if (this.#watcher) {
-      this.#addon.unwatch(this.#watcher);
+      this.#ctx.addon.unwatch(this.#watcher);
       this.#watcher = 0;
     }
     if (this.#fd >= 0) {
-      this.#addon.close(this.#fd);
+      this.#ctx.addon.close(this.#fd);
       this.#fd = -1;
     }
   }
 
+  /** Starts the exit watch, once: not again while it runs, nor after it fired. */
   #watch(): void {
-    if (this.#exited) return;
-    this.#exited = new Promise((resolve) => (this.#resolve = resolve));
-    this.#gone = new Promise((resolve) => (this.#resolveGone = resolve));
+    if (this.#watcher !== 0 || this.#seen || this.#status) return;
     if (this.#fd < 0) {
       this.#settle(UNKNOWN_EXIT);
       return;
     }
-    this.#watcher = this.#addon.watch(this.#fd, () => {
-      this.#watcher = 0;
-      this.#onReadable();
-    });
-    if (!this.#refed) this.#addon.watchRef(this.#watcher, false);
+    // Bound, not an arrow: no closure context per pin.
+    this.#watcher = this.#ctx.addon.watch(this.#fd, this.#onReadable.bind(this));
+    if (!this.#refed) this.#ctx.addon.watchRef(this.#watcher, false);
   }
 
   #onReadable(): void {
+    // The watcher fired once and stopped itself.
+    this.#watcher = 0;
     this.#seen = true;
     this.#resolveGone?.();
+    this.#resolveGone = undefined;
+    const { addon } = this.#ctx;
+    const flags = addon.constants.WEXITED | addon.constants.WNOHANG;
     if (this.#origin === 'spawned') {
       // Our child: reap it through its pidfd. Nobody else can (libuv only
       // waits for the pids it spawned), so WNOHANG finds it.
       let info: ReturnType<NativeAddon['waitid']> = null;
       try {
-        info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
+        info = addon.waitid(this.#fd, flags);
       } catch {
         // ECHILD: something else reaped our child (a SIG_IGN'd SIGCHLD, a
         // stray waitpid(-1)). It is gone all the same; its status is lost.
       }
-      const status: ExitStatus = !info
-        ? UNKNOWN_EXIT
-        : info.code === CLD_EXITED
-          ? { code: info.status, signal: null }
-          : decodeWaitStatus(info.status & 0x7f);
-      this.#settle(status);
+      this.#settle(info ? fromSiginfo(info) : UNKNOWN_EXIT);
       return;
     }
     if (this.#origin === 'adopted') {
       // Re-parented to us (we are a subreaper): ours to reap now, or it
       // stays a zombie. ECHILD: someone else's child; its parent reaps it.
       try {
-        const info = this.#addon.waitid(this.#fd, this.#addon.constants.WEXITED | this.#addon.constants.WNOHANG);
+        const info = addon.waitid(this.#fd, flags);
         if (info) {
-          this.#settle(
-            info.code === CLD_EXITED ? { code: info.status, signal: null } : decodeWaitStatus(info.status & 0x7f),
-          );
+          this.#settle(fromSiginfo(info));
           return;
         }
       } catch {
@@ -193,12 +217,12 @@ export class NativePidRef implements PidRef {
 
   /** A non-child's status exists only once its own parent has reaped it (PIDFD_INFO_EXIT, Linux >= 6.15). */
   async #awaitExitInfo(): Promise<ExitStatus> {
-    if (!this.#exitInfo) return UNKNOWN_EXIT;
+    if (!this.#ctx.exitInfo) return UNKNOWN_EXIT;
     const deadline = Date.now() + EXIT_INFO_WAIT_MS;
     for (let delay = 1; ; delay = Math.min(delay * 2, 50)) {
       if (this.#fd < 0) return UNKNOWN_EXIT;
       try {
-        const raw = this.#addon.pidfdGetExitInfo(this.#fd);
+        const raw = this.#ctx.addon.pidfdGetExitInfo(this.#fd);
         if (raw !== null) return decodeWaitStatus(raw);
       } catch {
         return UNKNOWN_EXIT;
@@ -214,9 +238,11 @@ export class NativePidRef implements PidRef {
     this.#status = status;
     this.#seen = true;
     this.#resolveGone?.();
+    this.#resolveGone = undefined;
     // Exited (and reaped, if ours): the pidfd has nothing left to give.
     this.#release();
-    this.#resolve?.(status);
+    this.#resolveExited?.(status);
+    this.#resolveExited = undefined;
   }
 }
 
@@ -257,12 +283,14 @@ export class NativeBackend extends ProcReads implements Backend {
   readonly cgroupPlacement = 'child-write' as const;
   #addon: NativeAddon;
   #caps: Capabilities;
+  #pins: PinContext;
   #bootId: string | undefined;
 
   constructor(addon: NativeAddon, caps: Capabilities) {
     super();
     this.#addon = addon;
     this.#caps = caps;
+    this.#pins = pinContext(addon, caps.exitInfoOfNonChildren);
   }
 
   get addon(): NativeAddon {
@@ -282,7 +310,7 @@ export class NativeBackend extends ProcReads implements Backend {
     const origin: Origin = options.reapIfChild ? 'adopted' : 'other';
     return {
       raw: fromAddon(r),
-      ref: new NativePidRef(this.#addon, pid, r[7], origin, this.#caps.exitInfoOfNonChildren),
+      ref: new NativePidRef(this.#pins, pid, r[7], origin),
     };
   }
 
@@ -339,7 +367,8 @@ export class NativeBackend extends ProcReads implements Backend {
 
   bootId(): string {
     // The boot id cannot change while we run.
-    return (this.#bootId ??= this.#addon.readBootId());
+    this.#bootId ??= this.#addon.readBootId();
+    return this.#bootId;
   }
 
   protected override async listSessions(): Promise<Int32Array> {
@@ -374,7 +403,7 @@ export class NativeBackend extends ProcReads implements Backend {
 
   openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener {
     const addon = this.#addon;
-    const exitInfo = this.#caps.exitInfoOfNonChildren;
+    const pins = this.#pins;
     let open = true;
     const { id, passPidfd } = addon.notifyOpen(name, (error, flat) => {
       const batch: NotifyDatagram[] = [];
@@ -382,7 +411,7 @@ export class NativeBackend extends ProcReads implements Backend {
         const pid = flat[i + 2] as number;
         const fd = flat[i + 4] as number;
         // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
-        const sender = fd >= 0 ? new NativePidRef(addon, pid, fd, 'other', exitInfo) : fd === -2 ? 'gone' : null;
+        const sender = fd >= 0 ? new NativePidRef(pins, pid, fd, 'other') : fd === -2 ? 'gone' : null;
         const [data, truncated, uid] = [flat[i] as Buffer, flat[i + 1] as boolean, flat[i + 3] as number];
         batch.push({ data, truncated, pid, uid, sender, senderId: fd >= 0 ? pidfsIdOf(addon, fd) : null });
       }
@@ -451,7 +480,7 @@ export class NativeBackend extends ProcReads implements Backend {
         if (procs !== null) closeSync(procs);
       }
       const { pid, pidfd } = spawned;
-      const ref = new NativePidRef(this.#addon, pid, pidfd, 'spawned', this.#caps.exitInfoOfNonChildren);
+      const ref = new NativePidRef(this.#pins, pid, pidfd, 'spawned');
       const streams = parentEnds.map((fd, i) => {
         if (fd === null) return null;
         parentEnds[i] = null;

@@ -7,6 +7,7 @@
 import type { CustodyEvent } from '../events.js';
 import { IncompleteInstanceError, assertEntryName, readStateDir, type StateListing } from '../store.js';
 import { type StopResult, Supervisor } from '../supervisor.js';
+import { describeExit } from '../exit.js';
 import { verify } from '../identity.js';
 import {
   checked,
@@ -177,7 +178,7 @@ Takes the dir's lock (refused while a supervisor holds it); never creates the di
 function howItEnded(r: StopResult): string {
   if (r.outcome === 'already-gone') return 'it had already exited';
   // A process that is not our child may end with no status the kernel will tell (before Linux 6.15).
-  const how = r.signal ? `ended by ${r.signal}` : r.code !== null ? `exited with code ${r.code}` : 'exited';
+  const how = `exited (${describeExit(r)})`;
   return r.escalated ? `${how} (it outlived the grace period: SIGKILL)` : how;
 }
 

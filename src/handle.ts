@@ -8,6 +8,7 @@ import type { Readable, Writable } from 'node:stream';
 import { backend } from './backend/index.js';
 import type { PidRef, StdioTarget } from './backend/types.js';
 import {
+  errnoError,
   BadCgroupError,
   IdentityMismatchError,
   IdentityUnrecordedError,
@@ -150,13 +151,7 @@ export interface SpawnOptions {
 
 /** PATH search, done here so both backends fail the same way (ENOENT, EACCES) before any process exists. */
 export function resolveExecutable(command: string, env: Record<string, string | undefined>, cwd?: string): string {
-  const errno = (code: string, p: string) =>
-    Object.assign(new Error(`spawn ${p} ${code}`), {
-      code,
-      errno: code === 'ENOENT' ? -2 : -13,
-      syscall: 'spawn',
-      path: p,
-    });
+  const errno = (code: 'ENOENT' | 'EACCES', p: string) => errnoError(code, 'spawn', p);
   const check = (p: string): string | 'ENOENT' | 'EACCES' => {
     try {
       const st = statSync(p);

@@ -7,7 +7,12 @@ export const TIMED_OUT = Symbol('timed out');
  * promise's value or TIMED_OUT; rejects with AbortError on abort. The timer
  * and the abort listener are always removed, so nothing keeps the loop alive.
  */
-export function within<T>(promise: Promise<T>, ms: number, signal?: AbortSignal): Promise<T | typeof TIMED_OUT> {
+export function within<T>(
+  promise: Promise<T>,
+  ms: number,
+  signal?: AbortSignal,
+  unref = false,
+): Promise<T | typeof TIMED_OUT> {
   if (signal?.aborted) return Promise.reject(new AbortError(signal.reason));
   return new Promise((resolve, reject) => {
     let timer: NodeJS.Timeout | undefined;
@@ -23,7 +28,10 @@ export function within<T>(promise: Promise<T>, ms: number, signal?: AbortSignal)
       cleanup();
       finish();
     };
-    if (Number.isFinite(ms)) timer = setTimeout(() => settle(() => resolve(TIMED_OUT)), Math.max(0, ms));
+    if (Number.isFinite(ms)) {
+      timer = setTimeout(() => settle(() => resolve(TIMED_OUT)), Math.max(0, ms));
+      if (unref) timer.unref();
+    }
     signal?.addEventListener('abort', onAbort, { once: true });
     promise.then(
       (v) => settle(() => resolve(v)),
@@ -32,8 +40,9 @@ export function within<T>(promise: Promise<T>, ms: number, signal?: AbortSignal)
   });
 }
 
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return within(new Promise<never>(() => {}), ms, signal).then(() => undefined);
+/** Waits ms; `unref`: the timer does not keep the event loop alive (a wait nobody must be kept for). */
+export function sleep(ms: number, signal?: AbortSignal, unref = false): Promise<void> {
+  return within(new Promise<never>(() => {}), ms, signal, unref).then(() => undefined);
 }
 
 export interface BackoffOptions {
@@ -45,6 +54,8 @@ export interface BackoffOptions {
   timeoutMs?: number;
   /** Aborts the wait: the loop throws AbortError. */
   signal?: AbortSignal;
+  /** The waits do not keep the event loop alive. */
+  unref?: boolean;
 }
 
 /**
@@ -64,7 +75,7 @@ export async function* backoff(options: BackoffOptions): AsyncGenerator<number, 
     const left = deadline - Date.now();
     if (left <= 0) return;
     waited = Math.min(delay, left);
-    await sleep(waited, signal);
+    await sleep(waited, signal, options.unref === true);
     delay = Math.min(Math.max(delay * 2, 1), maxMs);
   }
 }

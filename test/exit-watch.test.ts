@@ -75,7 +75,11 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
   function rawChild(): { pid: number; pidfd: number; release: number } {
     const a = addon();
     const [r, w] = a.pipe();
-    const child = a.spawn('/bin/sh', ['sh', '-c', 'read x'], null, { stdio: [r, -1, -1], newSession: false, newGroup: false });
+    const child = a.spawn('/bin/sh', ['sh', '-c', 'read x'], null, {
+      stdio: [r, -1, -1],
+      newSession: false,
+      newGroup: false,
+    });
     a.close(r);
     return { ...child, release: w };
   }
@@ -128,8 +132,8 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
 
   it('range-checks its stdio fds: -1 is its own /dev/null, below that is refused', () => {
     const a = addon();
-    expect(() => a.spawn('/bin/true', ['true'], null, { stdio: [-2, -1, -1], newSession: false, newGroup: false })).toThrow(
-      expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
-    );
+    expect(() =>
+      a.spawn('/bin/true', ['true'], null, { stdio: [-2, -1, -1], newSession: false, newGroup: false }),
+    ).toThrow(expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }));
   });
 });

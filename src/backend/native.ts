@@ -10,6 +10,7 @@ import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
 import { parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
+import { backoff } from '../timing.js';
 import { assertOwnProc, ProcReads } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
@@ -218,8 +219,8 @@ export class NativePidRef implements PidRef {
   /** A non-child's status exists only once its own parent has reaped it (PIDFD_INFO_EXIT, Linux >= 6.15). */
   async #awaitExitInfo(): Promise<ExitStatus> {
     if (!this.#ctx.exitInfo) return UNKNOWN_EXIT;
-    const deadline = Date.now() + EXIT_INFO_WAIT_MS;
-    for (let delay = 1; ; delay = Math.min(delay * 2, 50)) {
+    // Unref'd: nobody must be kept waiting for a status the kernel may never have.
+    for await (const _ of backoff({ maxMs: 50, timeoutMs: EXIT_INFO_WAIT_MS, unref: true })) {
       if (this.#fd < 0) return UNKNOWN_EXIT;
       try {
         const raw = this.#ctx.addon.pidfdGetExitInfo(this.#fd);
@@ -227,9 +228,8 @@ export class NativePidRef implements PidRef {
       } catch {
         return UNKNOWN_EXIT;
       }
-      if (Date.now() >= deadline) return UNKNOWN_EXIT;
-      await new Promise((r) => setTimeout(r, delay).unref());
     }
+    return UNKNOWN_EXIT;
   }
 
   #settle(status: ExitStatus): void {

@@ -462,7 +462,8 @@ async function worker([
   } finally {
     await supervisor.close();
   }
-  const leftoverState = readdirSync(stateDir).filter((n) => n !== '.lock').length;
+  // Instances left in the state dir; custody's own dot-entries (.custody, .lock*, .logs, kept after stop) are not.
+  const leftoverState = readdirSync(stateDir).filter((n) => !n.startsWith('.')).length;
   const { StateStore } = await import('../dist/store.js');
   const storeDir = mkdtempSync(join(base, 'store-'));
   const store = await timeStore(StateStore, sample, join(storeDir, 'state'), storeOps);

@@ -1,5 +1,8 @@
 // The C limit for custody's inspect(pid): the same syscall sequence as
-// native/proc.cc Inspect(), with no JavaScript around it.
+// native/proc.cc Inspect() and ReadIdentity(), with no JavaScript around it:
+// pidfd_open, a dir fd on /proc/<pid>, then the exec-safe read (stat,
+// cmdline, exe, uid, then cmdline and stat again, compared with the first:
+// a process that exec'd mid-read is read again), the pidfs id, signal 0.
 //
 //   identity <pid> <iterations> [rounds [warmup]]
 //
@@ -155,7 +158,7 @@ static int count_argv(const char* raw, size_t len) {
 }
 
 struct bufs {
-  struct buf text, cmdline;
+  struct buf text, cmdline, again;
 };
 
 // PIDFD_GET_INFO, as native/common.h defines it (Linux 6.13).
@@ -169,39 +172,52 @@ struct pidfd_info_v0 {
 
 // One inspect(pid): the sequence of Inspect() in proc.cc, step for step.
 static void inspect(int pid, const char* dir, struct bufs* b, struct identity* id) {
-  char path[64];
   int pidfd = (int)syscall(__NR_pidfd_open, pid, 0);
   if (pidfd == -1) die("pidfd_open");
+  int piddir;
+  do piddir = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  while (piddir == -1 && errno == EINTR);
+  if (piddir == -1) die("open");
 
-  snprintf(path, sizeof path, "%s/stat", dir);
-  int err = read_at(AT_FDCWD, path, &b->text);
-  if (err != 0) errno = err, die("read stat");
-  if (parse_stat(b->text.data, b->text.len, id) != 0) errno = EPROTO, die("parse stat");
+  for (int attempt = 0;; attempt++) {
+    if (attempt == 8) errno = EAGAIN, die("exec-safe read");
+    int err = read_at(piddir, "stat", &b->text);
+    if (err != 0) errno = err, die("read stat");
+    if (parse_stat(b->text.data, b->text.len, id) != 0) errno = EPROTO, die("parse stat");
 
-  snprintf(path, sizeof path, "%s/cmdline", dir);
-  err = read_at(AT_FDCWD, path, &b->cmdline);
-  if (err != 0) errno = err, die("read cmdline");
-  id->argc = count_argv(b->cmdline.data, b->cmdline.len);
+    err = read_at(piddir, "cmdline", &b->cmdline);
+    if (err != 0) errno = err, die("read cmdline");
+    id->argc = count_argv(b->cmdline.data, b->cmdline.len);
 
-  // The real uid from the pidfd (Linux 6.13), else from status.
-  struct pidfd_info_v0 pi;
-  memset(&pi, 0, sizeof pi);
-  pi.mask = PIDFD_INFO_CREDS_BIT;
-  if (ioctl(pidfd, PIDFD_GET_INFO_V0, &pi) == 0 && (pi.mask & PIDFD_INFO_CREDS_BIT)) {
-    id->uid = pi.ruid;
-  } else {
-    snprintf(path, sizeof path, "%s/status", dir);
-    err = read_at(AT_FDCWD, path, &b->text);
-    if (err != 0) errno = err, die("read status");
-    id->uid = parse_status_uid(b->text.data);
-  }
+    struct stat exe_st;
+    id->has_exe = fstatat(piddir, "exe", &exe_st, 0) == 0;
+    if (id->has_exe) {
+      id->exe_dev = (unsigned long long)exe_st.st_dev;
+      id->exe_ino = (unsigned long long)exe_st.st_ino;
+    }
 
-  struct stat exe_st;
-  snprintf(path, sizeof path, "%s/exe", dir);
-  id->has_exe = stat(path, &exe_st) == 0;
-  if (id->has_exe) {
-    id->exe_dev = (unsigned long long)exe_st.st_dev;
-    id->exe_ino = (unsigned long long)exe_st.st_ino;
+    // The real uid from the pidfd (Linux 6.13), else from status.
+    struct pidfd_info_v0 pi;
+    memset(&pi, 0, sizeof pi);
+    pi.mask = PIDFD_INFO_CREDS_BIT;
+    if (ioctl(pidfd, PIDFD_GET_INFO_V0, &pi) == 0 && (pi.mask & PIDFD_INFO_CREDS_BIT)) {
+      id->uid = pi.ruid;
+    } else {
+      err = read_at(piddir, "status", &b->text);
+      if (err != 0) errno = err, die("read status");
+      id->uid = parse_status_uid(b->text.data);
+    }
+
+    // The second read: the same argv and the same comm, or read it all again.
+    err = read_at(piddir, "cmdline", &b->again);
+    if (err != 0) errno = err, die("read cmdline");
+    err = read_at(piddir, "stat", &b->text);
+    if (err != 0) errno = err, die("read stat");
+    struct identity second;
+    if (parse_stat(b->text.data, b->text.len, &second) != 0) errno = EPROTO, die("parse stat");
+    if (b->again.len == b->cmdline.len && memcmp(b->again.data, b->cmdline.data, b->cmdline.len) == 0 &&
+        second.start_ticks == id->start_ticks)
+      break;
   }
 
   struct statfs sfs;
@@ -212,6 +228,7 @@ static void inspect(int pid, const char* dir, struct bufs* b, struct identity* i
 
   if (syscall(__NR_pidfd_send_signal, pidfd, 0, NULL, 0) == -1 && errno == ESRCH) die("pidfd_send_signal");
 
+  close(piddir);
   close(pidfd);
 }
 
@@ -256,7 +273,7 @@ int main(int argc, char** argv) {
   char dir[64];
   snprintf(dir, sizeof dir, "/proc/%d", pid);
 
-  struct bufs b = {{0}, {0}};
+  struct bufs b = {{0}, {0}, {0}};
   struct identity id = {0};
   for (long i = 0; i < warmup; i++) inspect(pid, dir, &b, &id);
 

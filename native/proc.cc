@@ -535,7 +535,7 @@ Napi::Value DecodeBytesJs(const Napi::CallbackInfo& info) {
   return DecodeBytes(info.Env(), b.Data(), b.Length());
 }
 
-// matchArgv(procRoot, argv) -> Promise of the pids whose cmdline is exactly
+// matchArgv(procRoot, argv[, shard, shards]) -> Promise of the pids whose cmdline is exactly
 // argv (each element bytes: a Buffer, or a string in custody's lossless
 // form), compared in the worker. Argv first: one openat and one read of
 // <pid>/cmdline per process, no stat, no JavaScript string per process, so
@@ -546,8 +546,12 @@ Napi::Value DecodeBytesJs(const Napi::CallbackInfo& info) {
 // ScanProcesses.
 class MatchWorker : public ProcWorker {
  public:
-  MatchWorker(Napi::Env env, std::string root, std::string want)
-      : ProcWorker(env, "custody:match"), root_(std::move(root)), want_(std::move(want)) {}
+  MatchWorker(Napi::Env env, std::string root, std::string want, long long shard, long long shards)
+      : ProcWorker(env, "custody:match"),
+        root_(std::move(root)),
+        want_(std::move(want)),
+        shard_(shard),
+        shards_(shards) {}
 
  protected:
   int Run(const char** call) override { return Match(call); }
@@ -564,6 +568,9 @@ class MatchWorker : public ProcWorker {
     std::string stat_text;
     char path[sizeof(((struct dirent*)nullptr)->d_name) + 16];
     return ForEachPid(root_, call, [&](int rootfd, const char* name) -> int {
+      // By pid, not by position: two shards each read the directory, and a
+      // process that appears between their reads must not shift the others.
+      if (shards_ > 1 && atoll(name) % shards_ != shard_) return 0;
       snprintf(path, sizeof path, "%s/cmdline", name);
       *call = "read";
       int err = ReadAt(rootfd, path, &cmdline);
@@ -594,6 +601,8 @@ class MatchWorker : public ProcWorker {
 
   std::string root_;
   std::string want_;  // the argv as cmdline bytes: each element and a NUL
+  long long shard_;   // this worker reads the pids p with p % shards == shard
+  long long shards_;
   std::vector<long long> pids_;
 };
 
@@ -609,7 +618,11 @@ Napi::Value MatchArgv(const Napi::CallbackInfo& info) {
     want += arg;
     want.push_back('\0');
   }
-  auto* worker = new MatchWorker(env, root, std::move(want));  // deleted by N-API once done
+  // shard, shards: this call reads only the processes whose pid % shards is
+  // shard, so several calls can share one scan across threadpool threads.
+  long long shards = info.Length() > 3 ? ArgInteger(info, 3, "shards", 1, 64) : 1;
+  long long shard = info.Length() > 2 ? ArgInteger(info, 2, "shard", 0, shards - 1) : 0;
+  auto* worker = new MatchWorker(env, root, std::move(want), shard, shards);  // deleted by N-API once done
   Napi::Promise promise = worker->Promise();
   worker->Queue();
   return promise;

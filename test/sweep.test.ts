@@ -183,6 +183,26 @@ describe(`sweep (${backend.name})`, () => {
   });
 });
 
+describe.skipIf(backend.name !== 'native')('the argv-first scan, sharded by pid', () => {
+  it('splits the matches between shards exactly: none lost, none twice, the same as one scan', async () => {
+    const tag = `${MARKER}-shards-${process.pid}`;
+    for (let i = 0; i < 12; i++) children.push(cpSpawn(PERL, ['-e', 'sleep 30', tag], { stdio: 'ignore' }));
+    const argv = [PERL, '-e', 'sleep 30', tag];
+    const { addon } = backend as import('../src/backend/native.js').NativeBackend;
+    const want = children.map((c) => c.pid).sort((a, b) => (a ?? 0) - (b ?? 0));
+    // Until every sleeper has exec'd (bounded: 100 tries, 20 ms apart).
+    for (let i = 0; i < 100 && (await addon.matchArgv(undefined, argv)).length < 12; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const whole = (await addon.matchArgv(undefined, argv)).sort((a, b) => a - b);
+    const parts = await Promise.all([0, 1, 2].map((k) => addon.matchArgv(undefined, argv, k, 3)));
+    for (const [k, part] of parts.entries()) expect(part.every((pid) => pid % 3 === k)).toBe(true);
+    expect(parts.flat().sort((a, b) => a - b)).toEqual(whole);
+    expect(whole).toEqual(want);
+    expect((await backend.matchArgv(argv)).sort((a, b) => a - b)).toEqual(want);
+  });
+});
+
 describe(`process trees (${backend.name})`, () => {
   // perl forks twice: three generations, each with the marker in its argv.
   const TREE = 'if (fork) { sleep 300 } else { if (fork) { sleep 300 } else { sleep 300 } }';

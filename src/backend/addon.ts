@@ -32,7 +32,8 @@ export interface NativeAddon {
   /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
   decodeBytes(bytes: Buffer): string;
   /** The pids whose cmdline is exactly argv (bytes compared in the addon's worker). */
-  matchArgv(procRoot: string | undefined, argv: readonly string[]): Promise<number[]>;
+  /** The pids whose cmdline is argv; with shards, only those whose pid % shards is shard. */
+  matchArgv(procRoot: string | undefined, argv: readonly string[], shard?: number, shards?: number): Promise<number[]>;
   /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
   listProcesses(procRoot?: string): Promise<Array<string | number>>;
   /** [pid, session, ...] of every process, read on the threadpool. */

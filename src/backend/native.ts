@@ -4,6 +4,7 @@
  * exit); children come from clone(CLONE_PIDFD | CLONE_VFORK | CLONE_VM).
  */
 import { openSync, closeSync, constants as fsc, readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
 import type { Readable, Writable } from 'node:stream';
@@ -55,6 +56,9 @@ function pinContext(addon: NativeAddon, exitInfo: boolean): PinContext {
 
 /** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */
 const spawnedPids = new Set<number>();
+
+/** At most this many threadpool threads share one argv-first scan (libuv's pool has four by default). */
+const MATCH_SHARDS = 2;
 
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
@@ -378,7 +382,13 @@ export class NativeBackend extends ProcReads implements Backend {
 
   async matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]> {
     assertOwnProc(procRoot);
-    return this.#addon.matchArgv(procRoot, argv);
+    // Split by pid across threadpool threads, one per CPU up to MATCH_SHARDS: reading cmdline is all
+    // kernel time, and two CPUs read a table of thousands in half the time one does.
+    const shards = Math.max(1, Math.min(MATCH_SHARDS, availableParallelism()));
+    const parts = await Promise.all(
+      Array.from({ length: shards }, (_, k) => this.#addon.matchArgv(procRoot, argv, k, shards)),
+    );
+    return parts.flat().sort((a, b) => a - b);
   }
 
   async listProcesses(procRoot?: string): Promise<ProcEntry[]> {

@@ -94,8 +94,10 @@ export class NativePidRef implements PidRef {
     this.pid = pid;
     this.#fd = fd;
     this.#origin = origin;
-    // A handle dropped without close() must not keep its pidfd forever.
-    ctx.finalizer.register(this, fd, this);
+    // A handle dropped without close() must not keep its pidfd forever. Not
+    // needed for our own children: their watcher holds the pin until the
+    // exit, which releases the pidfd (and a register costs on every spawn).
+    if (origin !== 'spawned') ctx.finalizer.register(this, fd, this);
     // Our own children are always watched: they must be reaped even if
     // nobody ever asks how they ended.
     if (origin === 'spawned') {
@@ -160,7 +162,7 @@ export class NativePidRef implements PidRef {
   }
 
   #release(): void {
-    this.#ctx.finalizer.unregister(this);
+    if (this.#origin !== 'spawned') this.#ctx.finalizer.unregister(this);
     if (this.#watcher) {
       this.#ctx.addon.unwatch(this.#watcher);
       this.#watcher = 0;

@@ -33,6 +33,7 @@ import {
   write,
 } from 'node:fs';
 import { join } from 'node:path';
+import { lstat as lstatAsync } from 'node:fs/promises';
 import { StringDecoder } from 'node:string_decoder';
 import { promisify } from 'node:util';
 import { BadLogError, InvalidArgError } from './errors.js';
@@ -264,8 +265,16 @@ const truncateAsync = promisify(ftruncate);
  * Brings a log a daemon still appends to back under maxBytes: its last
  * maxBytes go to `.1` (older generations shifted), then it is truncated in
  * place. Off the event loop; a path that is not a regular file is left alone.
+ * A log under its cap (nearly always) costs one lstat on the threadpool:
+ * adopting thousands of instances must not open every log on the loop.
  */
 export async function capLog(file: string, maxBytes: number, keep: number): Promise<boolean> {
+  try {
+    const before = await lstatAsync(file);
+    if (!before.isFile() || before.size <= maxBytes) return false;
+  } catch {
+    return false;
+  }
   let r: ReturnType<typeof openRegular>;
   try {
     r = openRegular(file, fsc.O_RDWR);
@@ -350,6 +359,9 @@ export class InstanceLogs {
   #limits = new Map<string, Readonly<Required<LogOptions>> | null>();
   /** Running instances whose logs are checked, and their limits. */
   #watched = new Map<string, Readonly<Required<LogOptions>>>();
+  /** Instances watched this turn, waiting for their first check; and that check, once scheduled. */
+  #firstChecks: Array<[string, Readonly<Required<LogOptions>>]> = [];
+  #firstCheck: Promise<void> | null = null;
   #busy = new Set<string>();
   #timer: NodeJS.Timeout | undefined;
   #lastPrune = 0;
@@ -403,7 +415,16 @@ export class InstanceLogs {
       this.#timer = setInterval(() => void this.#check([...this.#watched]), this.checkMs);
       this.#timer.unref();
     }
-    return this.#check([[id, limits]]);
+    // The first check (an adopted daemon may have written past its cap while no supervisor ran) of every
+    // instance watched in one turn runs once, after that turn, one file at a time: recovering thousands of
+    // instances must neither read their logs inside open() nor queue thousands of stats on the threadpool.
+    this.#firstChecks.push([id, limits]);
+    this.#firstCheck ??= new Promise<void>((resolve) => setImmediate(resolve)).then(() => {
+      const batch = this.#firstChecks.splice(0).filter(([each, l]) => this.#watched.get(each) === l);
+      this.#firstCheck = null;
+      return this.#check(batch);
+    });
+    return this.#firstCheck;
   }
 
   /** The instance is gone (or its launch failed): its logs are no longer checked; the files stay. */

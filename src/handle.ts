@@ -17,7 +17,8 @@ import {
 } from './errors.js';
 import { toIdentity, verify } from './identity.js';
 import { openAppend } from './logs.js';
-import { signalNumber } from './signals.js';
+import { signalNumber, UNKNOWN_EXIT } from './signals.js';
+import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { assertPid, assertStringArray } from './validate.js';
 
@@ -147,6 +148,15 @@ export interface SpawnOptions {
    * be placed is never run: ERR_CUSTODY_BAD_CGROUP.
    */
   cgroup?: string;
+}
+
+/**
+ * How a process ended, once its exit has been seen: at once for our own children, within `ms` for one whose
+ * parent must reap it first (PIDFD_INFO_EXIT), else unknown. Never longer than `ms`; aborts with `signal`.
+ */
+export async function exitStatusWithin(h: ProcessHandle, ms: number, signal?: AbortSignal): Promise<ExitStatus> {
+  const st = h.exitStatus ?? (await within(h.exited, ms, signal));
+  return st === TIMED_OUT ? UNKNOWN_EXIT : st;
 }
 
 /** PATH search, done here so both backends fail the same way (ENOENT, EACCES) before any process exists. */

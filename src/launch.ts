@@ -15,7 +15,7 @@ import type { PidRef } from './backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from './cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
-import { ProcessHandle, spawn, type StdioOption } from './handle.js';
+import { exitStatusWithin, ProcessHandle, spawn, type StdioOption } from './handle.js';
 import { callHook } from './hooks.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from './logs.js';
@@ -545,8 +545,7 @@ export async function waitReady(
     }
     if (r === 'died') {
       // A non-child's status exists once its parent reaps it: worth a bounded wait on this failure path.
-      const st = target.exitStatus ?? (await within(target.exited, EXIT_STATUS_WAIT_MS, signal));
-      throw exitedError(a, target.pid, st === TIMED_OUT ? UNKNOWN_EXIT : st);
+      throw exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
     }
   } finally {
     over.abort();

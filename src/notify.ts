@@ -29,12 +29,11 @@ import { pinnedAlive } from './backend/procview.js';
 import type { NotifyDatagram, NotifyListener } from './backend/types.js';
 import { ReadyTimeoutError } from './errors.js';
 import type { Emit } from './events.js';
-import { ProcessHandle } from './handle.js';
+import { exitStatusWithin, ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { claimOf, EXIT_STATUS_WAIT_MS, exitedError, type Attempt } from './launch.js';
 import { describeRejection, ENVIRON_MAX_BYTES, judge, type Rejection } from './ownership.js';
 import { isTargetPid } from './pidfile.js';
-import { UNKNOWN_EXIT } from './signals.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ProcessIdentity } from './types.js';
 
@@ -319,8 +318,7 @@ export class NotifyChannel {
       // same turn of the loop as the exit is seen. One more turn, then the exit counts.
       await new Promise((resolve) => setImmediate(resolve));
       if (this.#mainPid || this.#ready || this.#error) continue;
-      const st = target.exitStatus ?? (await within(target.exited, EXIT_STATUS_WAIT_MS, signal));
-      throw exitedError(a, target.pid, st === TIMED_OUT ? UNKNOWN_EXIT : st);
+      throw exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
     }
   }
 

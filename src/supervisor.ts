@@ -15,7 +15,7 @@ import {
   UnsupportedError,
 } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
-import { type ProcessHandle, resolveExecutable } from './handle.js';
+import { exitStatusWithin, type ProcessHandle, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
 import { assertLogOptions, InstanceLogs } from './logs.js';
 import {
@@ -899,8 +899,7 @@ export class Supervisor {
     if (t.cgroup) {
       const wasAlive = h.isAlive();
       const r = await terminateCgroup(t.cgroup, [h], { graceMs, signal, onEscalate, killEach: this.#killEach() });
-      const st = h.exitStatus ?? (await within(h.exited, 50));
-      const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
+      const status = await exitStatusWithin(h, 50);
       return {
         outcome: wasAlive ? 'exited' : 'already-gone',
         escalated: r.escalated,

@@ -15,13 +15,12 @@
 import { backend } from './backend/index.js';
 import type { InstanceCgroup } from './cgroup.js';
 import { AbortError, StopTimeoutError } from './errors.js';
-import { ProcessHandle } from './handle.js';
+import { exitStatusWithin, ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
 import { signalNumber } from './signals.js';
 import { backoff, sleep, TIMED_OUT, within } from './timing.js';
 import { terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
-import { UNKNOWN_EXIT } from './signals.js';
 import { assertPid } from './validate.js';
 
 /** Pins pid if it is still a member (re-checked under the pin), else null. */
@@ -224,8 +223,7 @@ export async function terminateTree(
     graceMs,
     killWaitMs,
   });
-  const st = root.exitStatus ?? (await within(root.exited, 50));
-  const status = st === TIMED_OUT ? UNKNOWN_EXIT : st;
+  const status = await exitStatusWithin(root, 50);
   return {
     outcome: rootWasAlive ? 'exited' : 'already-gone',
     escalated: r.escalated,

@@ -15,7 +15,7 @@ import {
   UnsupportedError,
 } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
-import { exitStatusWithin, type ProcessHandle, resolveExecutable } from './handle.js';
+import { type ProcessHandle, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
 import { assertLogOptions, InstanceLogs } from './logs.js';
 import {
@@ -43,7 +43,7 @@ import {
   type Manifest,
   type StartingManifest,
 } from './store.js';
-import { forceEnd, terminate, type TerminateResult } from './terminate.js';
+import { endedResult, forceEnd, terminate, type TerminateResult } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
 import { terminateCgroup, terminateTree } from './tree.js';
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
@@ -899,14 +899,7 @@ export class Supervisor {
     if (t.cgroup) {
       const wasAlive = h.isAlive();
       const r = await terminateCgroup(t.cgroup, [h], { graceMs, signal, onEscalate, killEach: this.#killEach() });
-      const status = await exitStatusWithin(h, 50);
-      return {
-        outcome: wasAlive ? 'exited' : 'already-gone',
-        escalated: r.escalated,
-        code: status.code,
-        signal: status.signal,
-        leftovers: r.leftovers,
-      };
+      return { ...(await endedResult(h, wasAlive, r.escalated)), leftovers: r.leftovers };
     }
     if (single) return terminate(h, { graceMs, signal, onEscalate });
     const { members: _members, ...result } = await terminateTree(h, {

@@ -8,7 +8,7 @@
  * init that reaps slowly would otherwise add its delay to every stop).
  */
 import { AbortError, InvalidArgError, StopTimeoutError } from './errors.js';
-import { ProcessHandle } from './handle.js';
+import { exitStatusWithin, ProcessHandle } from './handle.js';
 import { signalNumber, UNKNOWN_EXIT } from './signals.js';
 import { TIMED_OUT, within } from './timing.js';
 import { assertDuration, assertSignallable } from './validate.js';
@@ -39,6 +39,19 @@ export interface TerminateResult {
   escalated: boolean;
   code: number | null;
   signal: NodeJS.Signals | null;
+}
+
+/**
+ * The result of ending a process by some means other than terminate() (a tree, a cgroup): 'exited' when it
+ * was alive before, with the status it ended with (waited for at most 50 ms, else unknown).
+ */
+export async function endedResult(
+  handle: ProcessHandle,
+  wasAlive: boolean,
+  escalated: boolean,
+): Promise<TerminateResult> {
+  const status = await exitStatusWithin(handle, 50);
+  return { outcome: wasAlive ? 'exited' : 'already-gone', escalated, code: status.code, signal: status.signal };
 }
 
 /** Validates a terminate call (before any signal) and fills in the defaults. */

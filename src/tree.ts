@@ -15,12 +15,12 @@
 import { backend } from './backend/index.js';
 import type { InstanceCgroup } from './cgroup.js';
 import { AbortError, StopTimeoutError } from './errors.js';
-import { exitStatusWithin, ProcessHandle } from './handle.js';
+import { ProcessHandle } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
 import { signalNumber } from './signals.js';
 import { backoff, sleep, TIMED_OUT, within } from './timing.js';
-import { terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
+import { endedResult, terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
 import { assertPid } from './validate.js';
 
 /** Pins pid if it is still a member (re-checked under the pin), else null. */
@@ -223,14 +223,7 @@ export async function terminateTree(
     graceMs,
     killWaitMs,
   });
-  const status = await exitStatusWithin(root, 50);
-  return {
-    outcome: rootWasAlive ? 'exited' : 'already-gone',
-    escalated: r.escalated,
-    code: status.code,
-    signal: status.signal,
-    members: r.members,
-  };
+  return { ...(await endedResult(root, rootWasAlive, r.escalated)), members: r.members };
 }
 
 export interface CgroupTerminateOptions {

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
 import { BadManifestError } from '../src/errors.js';
-import { parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
+import { parseStat, parseStatusUid, splitCmdline, type StatFields } from '../src/proc.js';
 import { decodeManifest, MANIFEST_VERSION } from '../src/store.js';
 
 const comm = fc.string({ maxLength: 16 }).filter((s) => !s.includes('\n') && !s.includes('\0'));
@@ -19,15 +19,7 @@ const statLine = fc.record({
   session: fc.integer({ min: 0, max: 4194304 }),
   startTicks: fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER }),
 });
-const render = (s: {
-  pid: number;
-  comm: string;
-  state: string;
-  ppid: number;
-  pgrp: number;
-  session: number;
-  startTicks: number;
-}) =>
+const render = (s: StatFields) =>
   `${s.pid} (${s.comm}) ${s.state} ${s.ppid} ${s.pgrp} ${s.session} 0 -1 4194560 1 0 0 0 1 2 0 0 20 0 1 0 ${s.startTicks} 100 20 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n`;
 
 const parsers: Array<[string, (t: string) => ReturnType<typeof parseStat>]> = [['ts', parseStat]];

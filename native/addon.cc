@@ -15,9 +15,39 @@ namespace custody {
 
 AddonData* GetData(const Napi::Env& env) { return env.GetInstanceData<AddonData>(); }
 
+namespace {
+
+// The symbolic name of an errno libuv has no name for: libuv names only the
+// errors it can return itself, and says "Unknown system error -10" for
+// ECHILD, which waitid returns. Node's own errno exceptions name every errno;
+// these are the Linux ones libuv lacks that a syscall of ours can return.
+const char* ErrnoNameBeyondLibuv(int err) {
+  switch (err) {
+#define CUSTODY_ERRNO_NAME(e) \
+  case e:                     \
+    return #e;
+    CUSTODY_ERRNO_NAME(ECHILD)      // waitid: not our child, or already reaped
+    CUSTODY_ERRNO_NAME(ENOLCK)      // flock: the kernel's lock table is full
+    CUSTODY_ERRNO_NAME(EDEADLK)     // flock on some filesystems
+    CUSTODY_ERRNO_NAME(ELIBBAD)     // execve: a corrupt ELF interpreter
+    CUSTODY_ERRNO_NAME(EUSERS)      // clone: user namespace limits
+    CUSTODY_ERRNO_NAME(EDQUOT)      // writes to a state dir over its quota
+    CUSTODY_ERRNO_NAME(ESTALE)      // a state dir on NFS
+    CUSTODY_ERRNO_NAME(ENOEXEC)     // execve: not a format the kernel runs (libuv names it since 1.47)
+#undef CUSTODY_ERRNO_NAME
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
 Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall) {
   // uv_err_name maps -errno to the symbolic name Node itself uses ("ESRCH").
   const char* code = uv_err_name(-err);
+  if (strncmp(code, "Unknown system error", 20) == 0) {
+    if (const char* name = ErrnoNameBeyondLibuv(err)) code = name;
+  }
   std::string message = std::string(syscall) + " " + code + " (" + strerror(err) + ")";
   Napi::Error error = Napi::Error::New(env, message);
   error.Set("code", Napi::String::New(env, code));
@@ -62,6 +92,14 @@ int ArgPid(const Napi::CallbackInfo& info, size_t i) {
 
 int ArgFd(const Napi::CallbackInfo& info, size_t i) {
   return static_cast<int>(ArgInteger(info, i, "fd", 0, INT32_MAX));
+}
+
+uint32_t NextId(AddonData* data) {
+  for (;;) {
+    uint32_t id = data->next_watcher_id;
+    data->next_watcher_id = id >= INT32_MAX ? 1 : id + 1;
+    if (data->watchers.count(id) == 0 && data->notify_sockets.count(id) == 0) return id;
+  }
 }
 
 namespace {

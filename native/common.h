@@ -109,6 +109,10 @@ struct AddonData {
 
 AddonData* GetData(const Napi::Env& env);
 
+// The next id for an exit watcher or a notify socket: in 1..INT32_MAX (exit
+// events carry it in an Int32Array) and held by neither kind right now.
+uint32_t NextId(AddonData* data);
+
 // Builds an Error like Node's ErrnoException: message "syscall CODE (text)",
 // `code` the symbolic name, `errno` negative as in Node, `syscall`.
 Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall);

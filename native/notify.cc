@@ -236,8 +236,7 @@ Napi::Value NotifyOpen(const Napi::CallbackInfo& info) {
   s->poll.data = s;
   s->data = data;
   s->fd = fd;  // from here the watcher owns it
-  s->id = data->next_watcher_id++;
-  if (data->next_watcher_id == 0) data->next_watcher_id = 1;
+  s->id = NextId(data);
   rc = uv_poll_start(&s->poll, UV_READABLE, OnNotifyReadable);
   if (rc != 0) {
     s->closing = true;

@@ -23,14 +23,26 @@ namespace custody {
 // EPOLLONESHOT, so the kernel disarms the entry as it reports it, and the
 // entry leaves the set by itself when JavaScript closes the pidfd (epoll drops
 // a file's entries when its last reference goes). Children that exit together
-// are reported by one epoll_wait. The pidfd stays owned by JavaScript, which
-// must unwatch before it closes the fd.
+// are reported by one epoll_wait, and to JavaScript by one call: the batch is
+// written into an Int32Array as [id, code, status] triples and the
+// environment's one dispatcher is called with their count. No function or
+// persistent reference per watcher: a spawn costs no global handle.
+// The pidfd stays owned by JavaScript, which must unwatch before it closes
+// the fd; the addon never closes a watched fd.
 struct ExitWatcher {
   uint32_t id = 0;
   int fd = -1;
   bool refed = true;
-  Napi::FunctionReference callback;
+  // Reap on exit: waitid(P_PIDFD, WEXITED | WNOHANG) as the exit is
+  // reported, for JavaScript's own children, so the status travels with the
+  // event instead of costing another call.
+  bool reap = false;
 };
+
+// Exits per epoll_wait, and so per dispatcher call.
+constexpr int kExitBatch = 64;
+// Int32 slots per reported exit: id, code, status.
+constexpr int kExitEventSlots = 3;
 
 struct WatchSet {
   int epfd = -1;
@@ -45,6 +57,10 @@ struct WatchSet {
   // Pending watchers that keep the loop alive: the one uv_poll is ref'd
   // exactly while this is non-zero, as a ChildProcess handle would be.
   size_t refs = 0;
+  // watchDispatch(): the function told of each batch, and the array the
+  // batch is written into (kExitBatch * kExitEventSlots int32s).
+  Napi::FunctionReference dispatch;
+  Napi::Reference<Napi::Int32Array> events;
 };
 
 namespace {
@@ -71,32 +87,56 @@ void DropWatcher(AddonData* data, ExitWatcher* w, bool disarm) {
   delete w;
 }
 
+// The code and status an exit is reported with. A reaping watcher's child
+// is reaped here: code is the siginfo si_code (CLD_EXITED, CLD_KILLED,
+// CLD_DUMPED) and status the exit code or signal; 0 when WNOHANG found
+// nothing to report; -errno when waitid failed (ECHILD: not our child, or
+// someone else reaped it). A watcher that does not reap reports 0.
+void ReportExit(const ExitWatcher* w, int32_t* slot) {
+  slot[0] = static_cast<int32_t>(w->id);
+  slot[1] = 0;
+  slot[2] = 0;
+  if (!w->reap) return;
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  if (CUSTODY_RETRY_EINTR(waitid(kPidfdIdtype, w->fd, &si, WEXITED | WNOHANG)) == -1) {
+    slot[1] = -errno;
+  } else if (si.si_pid != 0) {
+    slot[1] = si.si_code;
+    slot[2] = si.si_status;
+  }
+}
+
 void OnWatchSetReadable(uv_poll_t* handle, int status, int /*events*/) {
-  AddonData* data = static_cast<WatchSet*>(handle->data)->owner;
-  // Up to 64 exits per turn; level-triggered, the set polls readable again
-  // while more are pending.
-  struct epoll_event events[64];
-  int n = status < 0 ? 0 : epoll_wait(data->watch_set->epfd, events, 64, 0);
+  WatchSet* set = static_cast<WatchSet*>(handle->data);
+  AddonData* data = set->owner;
+  // Level-triggered: the set polls readable again while more are pending.
+  struct epoll_event ready[kExitBatch];
+  int n = status < 0 ? 0 : epoll_wait(set->epfd, ready, kExitBatch, 0);
   if (n <= 0) return;  // EINTR or nothing: the next turn sees it
-  uint32_t ids[64];
-  for (int i = 0; i < n; i++) ids[i] = static_cast<uint32_t>(events[i].data.u64);
-  Napi::Env env(data->watch_set->env);
+  Napi::Env env(set->env);
   Napi::HandleScope handles(env);
-  Napi::CallbackScope scope(env, *data->watch_set->context);
+  if (set->dispatch.IsEmpty() || set->events.IsEmpty()) return;  // watch() requires both
+  Napi::Int32Array events = set->events.Value();
+  // Only our own code holds the array; a detached or shrunk one reports nothing.
+  if (events.ElementLength() < static_cast<size_t>(kExitBatch * kExitEventSlots)) return;
+  int32_t* out = events.Data();
+  int count = 0;
   for (int i = 0; i < n; i++) {
-    // Looked up one by one: an earlier callback may have unwatched a later one.
-    auto it = data->watchers.find(ids[i]);
-    if (it == data->watchers.end()) continue;
-    ExitWatcher* w = it->second;
-    Napi::Function fn = w->callback.Value();
-    DropWatcher(data, w, false);  // EPOLLONESHOT disarmed it
-    try {
-      fn.Call(env.Global(), {env.Null()});
-    } catch (const Napi::Error& e) {
-      // An exception thrown by the JS callback becomes an uncaught
-      // exception, as it would for any other I/O callback.
-      napi_fatal_exception(env, e.Value());
-    }
+    auto it = data->watchers.find(static_cast<uint32_t>(ready[i].data.u64));
+    if (it == data->watchers.end()) continue;  // unwatched since it was armed
+    ReportExit(it->second, out + count * kExitEventSlots);
+    DropWatcher(data, it->second, false);  // EPOLLONESHOT disarmed it
+    count++;
+  }
+  if (count == 0) return;
+  Napi::CallbackScope scope(env, *set->context);
+  try {
+    set->dispatch.Call(env.Global(), {Napi::Number::New(env, count)});
+  } catch (const Napi::Error& e) {
+    // An exception thrown by the dispatcher becomes an uncaught exception,
+    // as it would for any other I/O callback.
+    napi_fatal_exception(env, e.Value());
   }
 }
 
@@ -202,17 +242,32 @@ Napi::Value PidfsId(const Napi::CallbackInfo& info) {
   return Napi::String::New(env, std::to_string(static_cast<unsigned long long>(st.st_ino)));
 }
 
-// watch(fd, callback) -> id. callback(null) runs once on the loop when the
-// pidfd becomes readable (the process exited). One watcher per fd: a second
-// watch of a pending fd is EEXIST.
+// watchDispatch(dispatch) -> Int32Array. Sets the environment's one exit
+// dispatcher: after each epoll batch, dispatch(count) runs once, with count
+// [id, code, status] triples written at the start of the returned array
+// (see ReportExit). A second call replaces the dispatcher and the array.
+Napi::Value WatchDispatch(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsFunction()) throw Napi::TypeError::New(env, "dispatch must be a function");
+  WatchSet* set = EnsureWatchSet(env, GetData(env));
+  Napi::Int32Array events = Napi::Int32Array::New(env, kExitBatch * kExitEventSlots);
+  set->dispatch = Napi::Persistent(info[0].As<Napi::Function>());
+  set->events = Napi::Persistent(events);
+  return events;
+}
+
+// watch(fd, reap) -> id. The exit is reported once, to the dispatcher, when
+// the pidfd becomes readable (the process exited); with `reap` the child is
+// reaped as it is reported. One watcher per fd: a second watch of a pending
+// fd is EEXIST.
 Napi::Value Watch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   int fd = ArgFd(info, 0);
-  if (info.Length() < 2 || !info[1].IsFunction()) throw Napi::TypeError::New(env, "callback must be a function");
+  bool reap = info.Length() > 1 && info[1].ToBoolean().Value();
   AddonData* data = GetData(env);
   WatchSet* set = EnsureWatchSet(env, data);
-  uint32_t id = data->next_watcher_id++;
-  if (data->next_watcher_id == 0) data->next_watcher_id = 1;
+  if (set->dispatch.IsEmpty()) throw Napi::Error::New(env, "watch() before watchDispatch()");
+  uint32_t id = NextId(data);
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
   ev.events = EPOLLIN | EPOLLONESHOT;
@@ -232,14 +287,14 @@ Napi::Value Watch(const Napi::CallbackInfo& info) {
   w->id = id;
   w->fd = fd;
   w->refed = false;
-  w->callback = Napi::Persistent(info[1].As<Napi::Function>());
+  w->reap = reap;
   data->watchers[id] = w;
   AddRef(data, w, true);
   return Napi::Number::New(env, id);
 }
 
 ExitWatcher* FindWatcher(const Napi::CallbackInfo& info) {
-  uint32_t id = static_cast<uint32_t>(ArgInteger(info, 0, "watcher", 0, UINT32_MAX));
+  uint32_t id = static_cast<uint32_t>(ArgInteger(info, 0, "watcher", 0, INT32_MAX));
   AddonData* data = GetData(info.Env());
   auto it = data->watchers.find(id);
   return it == data->watchers.end() ? nullptr : it->second;
@@ -272,6 +327,8 @@ void CleanupWatchers(AddonData* data) {
     close(set->epfd);
     delete set->context;
     set->context = nullptr;
+    set->dispatch.Reset();
+    set->events.Reset();
     uv_close(reinterpret_cast<uv_handle_t*>(&set->poll), OnWatchSetClosed);
   }
 }
@@ -287,6 +344,7 @@ void InitPidfd(Napi::Env env, Napi::Object exports) {
   exports.Set("waitid", Napi::Function::New(env, Waitid, "waitid"));
   exports.Set("pidfdGetExitInfo", Napi::Function::New(env, PidfdGetExitInfo, "pidfdGetExitInfo"));
   exports.Set("pidfsId", Napi::Function::New(env, PidfsId, "pidfsId"));
+  exports.Set("watchDispatch", Napi::Function::New(env, WatchDispatch, "watchDispatch"));
   exports.Set("watch", Napi::Function::New(env, Watch, "watch"));
   exports.Set("unwatch", Napi::Function::New(env, Unwatch, "unwatch"));
   exports.Set("watchRef", Napi::Function::New(env, WatchRef, "watchRef"));

@@ -39,6 +39,12 @@ namespace custody {
 
 namespace {
 
+// spawn()'s flags (exported as constants.SPAWN_*).
+constexpr int64_t kSpawnNewSession = 1;  // setsid() in the child
+constexpr int64_t kSpawnNewGroup = 2;    // setpgid(0, 0) in the child
+constexpr int64_t kSpawnCopyFdTable = 4;  // no CLONE_FILES
+constexpr int64_t kSpawnFlagsAll = kSpawnNewSession | kSpawnNewGroup | kSpawnCopyFdTable;
+
 struct ChildArgs {
   const char* file;
   char* const* argv;
@@ -176,14 +182,19 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// spawn(file, argv, envp | null, { cwd, stdio: [in, out, err], newSession, newGroup, copyFdTable, cgroupProcs })
-// -> { pid, pidfd }. `file` is an absolute or relative path (PATH search is
-// the caller's policy). Exec failure is thrown as the errno of the step that
-// failed (execve ENOENT, chdir ENOENT...), after the child has been reaped.
+// spawn(file, argv, envp | null, cwd | null, stdin, stdout, stderr, flags,
+// cgroupProcs) -> [pid, pidfd]. Positional, and an array back: named
+// properties cost a string internalization each, per spawn. `file` is an
+// absolute or relative path (PATH search is the caller's policy); the stdio
+// fds become 0..2 (-1: the addon's /dev/null); flags are SPAWN_NEW_SESSION,
+// SPAWN_NEW_GROUP and SPAWN_COPY_FD_TABLE; cgroupProcs is an fd on a
+// cgroup's cgroup.procs, or -1. Exec failure is thrown as the errno of the
+// step that failed (execve ENOENT, chdir ENOENT...), after the child has
+// been reaped.
 Napi::Value Spawn(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 4 || !info[0].IsString() || !info[3].IsObject()) {
-    throw Napi::TypeError::New(env, "spawn(file, argv, envp, options)");
+  if (info.Length() < 9 || !info[0].IsString()) {
+    throw Napi::TypeError::New(env, "spawn(file, argv, envp, cwd, stdin, stdout, stderr, flags, cgroupProcs)");
   }
   std::string file = info[0].As<Napi::String>().Utf8Value();
   std::vector<std::string> argv_s = StringList(env, info[1], "argv");
@@ -192,10 +203,9 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   // JavaScript on every spawn.
   bool inherit_env = info[2].IsNull() || info[2].IsUndefined();
   std::vector<std::string> envp_s = inherit_env ? std::vector<std::string>() : StringList(env, info[2], "envp");
-  Napi::Object opts = info[3].As<Napi::Object>();
   std::string cwd;
-  bool has_cwd = opts.Has("cwd") && opts.Get("cwd").IsString();
-  if (has_cwd) cwd = opts.Get("cwd").As<Napi::String>().Utf8Value();
+  bool has_cwd = info[3].IsString();
+  if (has_cwd) cwd = info[3].As<Napi::String>().Utf8Value();
   std::vector<char*> argv = CPointers(argv_s);
   std::vector<char*> envp = CPointers(envp_s);
 
@@ -205,23 +215,18 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   a.argv = argv.data();
   a.envp = inherit_env ? environ : envp.data();
   a.cwd = has_cwd ? cwd.c_str() : nullptr;
-  Napi::Value stdio_v = opts.Get("stdio");
-  if (!stdio_v.IsArray() || stdio_v.As<Napi::Array>().Length() != 3) {
-    throw Napi::TypeError::New(env, "stdio must be three fds");
-  }
-  for (uint32_t i = 0; i < 3; i++) {
+  for (size_t i = 0; i < 3; i++) {
     // -1: /dev/null, the addon's own (see InitSpawn).
-    a.stdio[i] = static_cast<int>(IntegerValue(env, stdio_v.As<Napi::Array>().Get(i), "stdio fd", -1, INT32_MAX));
+    a.stdio[i] = static_cast<int>(ArgInteger(info, 4 + i, "stdio fd", -1, INT32_MAX));
   }
-  a.new_session = opts.Get("newSession").ToBoolean().Value();
-  a.new_group = opts.Get("newGroup").ToBoolean().Value();
-  a.cgroup_procs = -1;
-  Napi::Value cg = opts.Get("cgroupProcs");
-  if (!cg.IsUndefined() && !cg.IsNull()) a.cgroup_procs = static_cast<int>(IntegerValue(env, cg, "cgroupProcs", 0, INT32_MAX));
-  // copyFdTable: clone without CLONE_FILES (the child gets a full copy of
-  // the table at clone), for tools that cannot follow a child sharing it,
-  // such as valgrind, which refuses such a clone outright.
-  bool copy_fd_table = opts.Get("copyFdTable").ToBoolean().Value();
+  int64_t spawn_flags = ArgInteger(info, 7, "flags", 0, kSpawnFlagsAll);
+  a.new_session = (spawn_flags & kSpawnNewSession) != 0;
+  a.new_group = (spawn_flags & kSpawnNewGroup) != 0;
+  a.cgroup_procs = static_cast<int>(ArgInteger(info, 8, "cgroupProcs", -1, INT32_MAX));
+  // SPAWN_COPY_FD_TABLE: clone without CLONE_FILES (the child gets a full
+  // copy of the table at clone), for tools that cannot follow a child
+  // sharing it, such as valgrind, which refuses such a clone outright.
+  bool copy_fd_table = (spawn_flags & kSpawnCopyFdTable) != 0;
 
   // The child's stack lives in this frame: CLONE_VFORK keeps this thread
   // suspended, and so off this memory, until the child execs or exits.
@@ -312,10 +317,10 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
     ThrowErrno(env, a.err, a.failed_call);
   }
 
-  Napi::Object out = Napi::Object::New(env);
-  out.Set("pid", pid);
-  out.Set("pidfd", pidfd);
   GetData(env)->pidfds.insert(pidfd);
+  Napi::Array out = Napi::Array::New(env, 2);
+  out.Set(0u, Napi::Number::New(env, pid));
+  out.Set(1u, Napi::Number::New(env, pidfd));
   return out;
 }
 
@@ -373,6 +378,10 @@ void InitSpawn(Napi::Env env, Napi::Object exports) {
     }
   }
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
+  Napi::Object constants = exports.Get("constants").As<Napi::Object>();
+  constants.Set("SPAWN_NEW_SESSION", Napi::Number::New(env, static_cast<double>(kSpawnNewSession)));
+  constants.Set("SPAWN_NEW_GROUP", Napi::Number::New(env, static_cast<double>(kSpawnNewGroup)));
+  constants.Set("SPAWN_COPY_FD_TABLE", Napi::Number::New(env, static_cast<double>(kSpawnCopyFdTable)));
   exports.Set("probeCloneIntoCgroup", Napi::Function::New(env, ProbeCloneIntoCgroup, "probeCloneIntoCgroup"));
 }
 

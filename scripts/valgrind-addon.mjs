@@ -36,11 +36,20 @@ const lockFile = join(dir, 'lock');
 writeFileSync(lockFile, '');
 const stat = '4242 (a) (b c) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 200 18446744073709551615\n';
 
-async function waitExit(pidfd) {
-  await new Promise((resolve) => {
-    const id = call('watch', () => addon.watch(pidfd, () => resolve()));
-    if (id === undefined) resolve();
+// The one exit dispatcher: [id, code, status] triples in `events`.
+const waiting = new Map();
+const events = addon.watchDispatch((count) => {
+  for (let i = 0; i < count * 3; i += 3) waiting.get(events[i])?.([events[i + 1], events[i + 2]]);
+});
+
+/** Waits for the exit through a watch; `reap`: the watch reaps it, else waitid does. */
+async function waitExit(pidfd, reap) {
+  const report = await new Promise((resolve) => {
+    const id = call('watch', () => addon.watch(pidfd, reap));
+    if (id === undefined) resolve(undefined);
+    else waiting.set(id, resolve);
   });
+  if (reap) return report;
   return call('waitid', () => addon.waitid(pidfd, C.WEXITED));
 }
 
@@ -77,50 +86,34 @@ try {
     call('getChildSubreaper', () => addon.getChildSubreaper());
     call('setChildSubreaper', () => addon.setChildSubreaper(false));
 
+    // Valgrind refuses a clone whose child shares the fd table (CLONE_FILES):
+    // spawn is checked here on the copying path, the same code but for the
+    // table's sharing.
+    const copy = C.SPAWN_COPY_FD_TABLE;
+    const session = round % 2 === 0 ? C.SPAWN_NEW_SESSION : 0;
     const child = call('spawn', () =>
-      addon.spawn('/bin/sh', ['sh', '-c', 'exit 3'], ['PATH=/usr/bin:/bin'], {
-        stdio: [0, 1, 2],
-        newSession: round % 2 === 0,
-        newGroup: false,
-        // Valgrind refuses a clone whose child shares the fd table
-        // (CLONE_FILES): it is checked here on the copying path, the same
-        // code but for the table's sharing.
-        copyFdTable: true,
-      }),
+      addon.spawn('/bin/sh', ['sh', '-c', 'exit 3'], ['PATH=/usr/bin:/bin'], null, 0, 1, 2, copy | session, -1),
     );
     if (child) {
-      const info = await waitExit(child.pidfd);
-      if (info && info.code !== undefined && info.pid !== child.pid) throw new Error(`waitid: ${JSON.stringify(info)}`);
-      call('close', () => addon.close(child.pidfd));
+      const [pid, pidfd] = child;
+      const reapHere = round % 2 === 1;
+      const info = await waitExit(pidfd, reapHere);
+      if (reapHere && info && info[1] !== 3) throw new Error(`watch reap: ${JSON.stringify(info)}`);
+      if (!reapHere && info && info.pid !== pid) throw new Error(`waitid: ${JSON.stringify(info)}`);
+      call('close', () => addon.close(pidfd));
     }
-    call(
-      'spawn(ENOENT)',
-      () =>
-        addon.spawn(join(dir, 'missing'), ['x'], [], {
-          stdio: [0, 1, 2],
-          newSession: false,
-          newGroup: false,
-          copyFdTable: true,
-        }),
-      ['ENOENT'],
-    );
-    const idle = call('spawn(sleep)', () =>
-      addon.spawn('/bin/sleep', ['sleep', '30'], [], {
-        stdio: [0, 1, 2],
-        newSession: false,
-        newGroup: false,
-        copyFdTable: true,
-      }),
-    );
+    call('spawn(ENOENT)', () => addon.spawn(join(dir, 'missing'), ['x'], [], dir, 0, 1, 2, copy, -1), ['ENOENT']);
+    const idle = call('spawn(sleep)', () => addon.spawn('/bin/sleep', ['sleep', '30'], [], null, 0, 1, 2, copy, -1));
     if (idle) {
-      const id = call('watch', () => addon.watch(idle.pidfd, () => {}));
+      const [pid, pidfd] = idle;
+      const id = call('watch', () => addon.watch(pidfd, false));
       if (id !== undefined) {
         call('watchRef', () => addon.watchRef(id, false));
         call('unwatch', () => addon.unwatch(id));
       }
-      process.kill(idle.pid, 'SIGKILL');
-      await waitExit(idle.pidfd);
-      call('close', () => addon.close(idle.pidfd));
+      process.kill(pid, 'SIGKILL');
+      await waitExit(pidfd, true);
+      call('close', () => addon.close(pidfd));
     }
   }
 } finally {

@@ -5,10 +5,13 @@
 // reports up to 64 exits per turn, so these are the cases that set must get
 // right; the js backend must give the same answers.
 import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { Socket } from 'node:net';
+import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
-import type { NativeBackend } from '../src/backend/native.js';
+import { exitWatchesOf, type NativeBackend } from '../src/backend/native.js';
 import { spawn } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 
@@ -70,39 +73,57 @@ describe(`exit watching (${backend.name})`, () => {
 
 describe.skipIf(backend.name !== 'native')('the native watch set', () => {
   const addon = () => (backend as NativeBackend).addon;
+  const watches = () => exitWatchesOf(addon());
+  const CLD_EXITED = 1;
+  const CLD_KILLED = 2;
 
-  /** A child blocked on a pipe, as a raw { pid, pidfd } with the write end that ends it. */
+  /** A raw child of the addon. */
+  function rawSpawn(argv: string[], stdin = -1, stdout = -1): { pid: number; pidfd: number } {
+    const [pid, pidfd] = addon().spawn(argv[0] ?? '', argv, null, null, stdin, stdout, -1, 0, -1);
+    return { pid, pidfd };
+  }
+
+  /** A child blocked on a pipe, with the write end that ends it. */
   function rawChild(): { pid: number; pidfd: number; release: number } {
     const a = addon();
     const [r, w] = a.pipe();
-    const child = a.spawn('/bin/sh', ['sh', '-c', 'read x'], null, {
-      stdio: [r, -1, -1],
-      newSession: false,
-      newGroup: false,
-    });
+    const child = rawSpawn(['/bin/sh', '-c', 'read x'], r);
     a.close(r);
     return { ...child, release: w };
   }
 
+  /** Reaps a child whose watch did not, and closes its pidfd. */
   function reap(c: { pidfd: number }): void {
     const a = addon();
     a.waitid(c.pidfd, a.constants.WEXITED);
     a.close(c.pidfd);
   }
 
-  it('never calls a watcher that an earlier callback of the same batch unwatched', async () => {
+  /** Resolves with the (code, status) a watch of `fd` reports. */
+  function reported(fd: number, reapIt: boolean): Promise<[number, number]> {
+    return new Promise((resolve) => {
+      watches().watch(fd, reapIt, { exitReported: (code, status) => resolve([code, status]) });
+    });
+  }
+
+  it('never tells a listener that an earlier listener of the same batch unwatched', async () => {
     const a = addon();
     const one = rawChild();
     const two = rawChild();
     const calls: string[] = [];
     let ids: Record<string, number> = {};
     const done = new Promise<void>((resolve) => {
-      const onExit = (name: string, other: string) => () => {
-        calls.push(name);
-        a.unwatch(ids[other] ?? 0);
-        resolve();
+      const listener = (name: string, other: string) => ({
+        exitReported: () => {
+          calls.push(name);
+          watches().unwatch(ids[other] ?? 0);
+          resolve();
+        },
+      });
+      ids = {
+        one: watches().watch(one.pidfd, false, listener('one', 'two')),
+        two: watches().watch(two.pidfd, false, listener('two', 'one')),
       };
-      ids = { one: a.watch(one.pidfd, onExit('one', 'two')), two: a.watch(two.pidfd, onExit('two', 'one')) };
     });
     // Both end before the loop turns: one epoll_wait reports both.
     a.close(one.release);
@@ -114,26 +135,101 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
     reap(two);
   });
 
-  it('refuses a second watcher on a pending pidfd, and re-arms one that already fired', async () => {
+  it('refuses a second watch on a pending pidfd, and re-arms one that already fired', async () => {
     const a = addon();
     const c = rawChild();
-    const first = a.watch(c.pidfd, () => {});
-    expect(() => a.watch(c.pidfd, () => {})).toThrow(expect.objectContaining({ code: 'EEXIST' }));
-    a.unwatch(first);
-    await new Promise<void>((resolve) => {
-      a.watch(c.pidfd, () => resolve());
-      a.close(c.release);
-    });
+    const quiet = { exitReported: () => {} };
+    const first = watches().watch(c.pidfd, false, quiet);
+    expect(() => watches().watch(c.pidfd, false, quiet)).toThrow(expect.objectContaining({ code: 'EEXIST' }));
+    watches().unwatch(first);
+    const fired = reported(c.pidfd, false);
+    a.close(c.release);
+    expect(await fired).toEqual([0, 0]);
     // Fired: its entry stays in the set, disarmed, until the pidfd closes. A
     // new watch re-arms it and, the process having exited, fires at once.
-    await new Promise<void>((resolve) => a.watch(c.pidfd, () => resolve()));
+    await reported(c.pidfd, false);
     reap(c);
   });
 
-  it('range-checks its stdio fds: -1 is its own /dev/null, below that is refused', () => {
+  it('reaps as it reports: the exit code, or the signal, and no zombie after', async () => {
     const a = addon();
-    expect(() =>
-      a.spawn('/bin/true', ['true'], null, { stdio: [-2, -1, -1], newSession: false, newGroup: false }),
-    ).toThrow(expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }));
+    const exits = rawSpawn(['/bin/sh', '-c', 'exit 7']);
+    expect(await reported(exits.pidfd, true)).toEqual([CLD_EXITED, 7]);
+    const killed = rawSpawn(['/bin/sleep', '30']);
+    const report = reported(killed.pidfd, true);
+    a.pidfdSendSignal(killed.pidfd, 9);
+    expect(await report).toEqual([CLD_KILLED, 9]);
+    for (const c of [exits, killed]) {
+      // Reaped: nothing is left to wait for, and no zombie holds the pid.
+      expect(() => a.waitid(c.pidfd, a.constants.WEXITED | a.constants.WNOHANG)).toThrow(
+        expect.objectContaining({ code: 'ECHILD' }),
+      );
+      expect(existsSync(`/proc/${c.pid}`)).toBe(false);
+      a.close(c.pidfd);
+    }
+  });
+
+  it("reports -ECHILD for another's child, and leaves it to its own parent", async () => {
+    const a = addon();
+    // A grandchild: sh forks sleep, prints its pid and waits for it.
+    const [r, w] = a.pipe();
+    const parent = rawSpawn(['/bin/sh', '-c', 'sleep 30 & echo $!; wait $!'], -1, w);
+    a.close(w);
+    const pid = Number(
+      await new Promise<string>((resolve) => {
+        const s = new Socket({ fd: r, readable: true, writable: false });
+        let out = '';
+        s.on('data', (d) => {
+          out += String(d);
+          if (out.includes('\n')) {
+            s.destroy();
+            resolve(out);
+          }
+        });
+      }),
+    );
+    const fd = a.pidfdOpen(pid);
+    const report = reported(fd, true);
+    a.pidfdSendSignal(fd, 9);
+    const [code] = await report;
+    expect(code).toBe(-osConstants.errno.ECHILD);
+    // Its parent, sh, reaped it and exits in turn.
+    expect(await reported(parent.pidfd, true)).toEqual([CLD_EXITED, 137]);
+    a.close(fd);
+    a.close(parent.pidfd);
+  });
+
+  it('tells the rest of a batch when one listener throws, then surfaces the error as uncaught', () => {
+    // A fresh node: the uncaught exception is what is observed.
+    const script = `
+      const { createRequire } = require('node:module');
+      import(${JSON.stringify(join(import.meta.dirname, '..', 'dist', 'backend', 'native.js'))}).then((m) => {
+        const a = require(process.env.CUSTODY_ADDON_PATH ?? ${JSON.stringify(join(import.meta.dirname, '..', 'build', 'Release', 'custody.node'))});
+        const w = m.exitWatchesOf(a);
+        const [r, wr] = a.pipe();
+        const told = [];
+        process.on('uncaughtException', (e) => { setTimeout(() => { console.log(JSON.stringify({ error: e.message, told })); process.exit(0); }, 100); });
+        for (let i = 0; i < 3; i++) {
+          const [, fd] = a.spawn('/bin/sh', ['sh', '-c', 'read x; exit 5'], null, null, r, -1, -1, 0, -1);
+          w.watch(fd, true, { exitReported: (code, status) => { told.push(status); if (i === 0) throw new Error('listener failed'); } });
+        }
+        a.close(r);
+        a.close(wr);
+      });`;
+    const out = execFileSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000 });
+    expect(JSON.parse(out)).toEqual({ error: 'listener failed', told: [5, 5, 5] });
+  });
+
+  it('range-checks spawn: stdio below -1 and unknown flags are refused, nothing is run', () => {
+    const a = addon();
+    expect(() => a.spawn('/bin/true', ['true'], null, null, -2, -1, -1, 0, -1)).toThrow(
+      expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
+    );
+    expect(() => a.spawn('/bin/true', ['true'], null, null, -1, -1, -1, 8, -1)).toThrow(
+      expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
+    );
+    expect(() => a.spawn('/bin/true', ['true'], null, null, -1, -1, -1, 0, -2)).toThrow(
+      expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
+    );
   });
 });

@@ -23,7 +23,14 @@ export interface NativeAddon {
   waitid(fd: number, options: number): { pid: number; code: number; status: number } | null;
   pidfdGetExitInfo(fd: number): number | null;
   pidfsId(fd: number): string | null;
-  watch(fd: number, callback: (error: string | null) => void): number;
+  /**
+   * Sets the environment's one exit dispatcher and returns the Int32Array it reads: after each batch,
+   * dispatch(count) with count [id, code, status] triples at the array's start. code: the si_code of a
+   * reaping watch's reaped child, 0 for nothing reaped, -errno when its waitid failed.
+   */
+  watchDispatch(dispatch: (count: number) => void): Int32Array;
+  /** Watches a pidfd's exit, reported once to the dispatcher; `reap` reaps the child as it is reported. */
+  watch(fd: number, reap: boolean): number;
   unwatch(id: number): void;
   watchRef(id: number, ref: boolean): void;
   parseStat(text: string): StatFields | null;
@@ -38,20 +45,22 @@ export interface NativeAddon {
   listProcesses(procRoot?: string): Promise<Array<string | number>>;
   /** [pid, session, ...] of every process, read on the threadpool. */
   listSessions(procRoot: string): Promise<Int32Array>;
+  /**
+   * [pid, pidfd]. stdio fds become 0..2 (-1: the addon's /dev/null); flags are constants.SPAWN_*;
+   * cgroupProcs is an fd on a cgroup's cgroup.procs (O_WRONLY) the child writes itself into before
+   * anything else, or -1.
+   */
   spawn(
     file: string,
     argv: Array<string | Buffer>,
     envp: string[] | null,
-    options: {
-      cwd?: string;
-      stdio: [number, number, number];
-      newSession: boolean;
-      newGroup: boolean;
-      copyFdTable?: boolean;
-      /** An fd on a cgroup's cgroup.procs (O_WRONLY): the child writes itself into it before anything else. */
-      cgroupProcs?: number;
-    },
-  ): { pid: number; pidfd: number };
+    cwd: string | null,
+    stdin: number,
+    stdout: number,
+    stderr: number,
+    flags: number,
+    cgroupProcs: number,
+  ): [pid: number, pidfd: number];
   /** '' where clone3 knows CLONE_INTO_CGROUP, else the errno name it answered. */
   probeCloneIntoCgroup(): string;
   /** sd_notify's socket (native/notify.cc), bound to an abstract name; batch: [data, truncated, pid, uid, pidfd]... */
@@ -69,6 +78,9 @@ export interface NativeAddon {
     WEXITED: number;
     WNOHANG: number;
     WNOWAIT: number;
+    SPAWN_NEW_SESSION: number;
+    SPAWN_NEW_GROUP: number;
+    SPAWN_COPY_FD_TABLE: number;
   };
   unsupported?: string;
 }

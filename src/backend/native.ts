@@ -37,6 +37,9 @@ type Origin = 'spawned' | 'adopted' | 'other';
  */
 interface PinContext {
   readonly addon: NativeAddon;
+  readonly watches: ExitWatches;
+  /** Closes the pidfds of processes that have exited, after the turn that saw them go. */
+  readonly closer: DeferredClose;
   /** PIDFD_INFO_EXIT works: a non-child's status can be read once its parent reaps it. */
   readonly exitInfo: boolean;
   /** Closes the pidfd of a pin dropped without close(); the held value is the fd (a small integer, no object). */
@@ -51,7 +54,123 @@ function pinContext(addon: NativeAddon, exitInfo: boolean): PinContext {
       // already closed with the environment
     }
   });
-  return { addon, exitInfo, finalizer };
+  return { addon, watches: exitWatchesOf(addon), closer: new DeferredClose(addon), exitInfo, finalizer };
+}
+
+/**
+ * The pidfds of processes that have exited (and been reaped, if ours), closed
+ * together once the turn's promise reactions have run. Closing a reaped
+ * child's pidfd frees the kernel's last hold on it, several microseconds of
+ * kernel time; done before the exit's promise settles, it sat between one
+ * child's exit and the next spawn. Nothing is lost by waiting: a settled pin
+ * never uses its pidfd again.
+ */
+class DeferredClose {
+  readonly #addon: NativeAddon;
+  #fds: number[] = [];
+  #scheduled = false;
+
+  constructor(addon: NativeAddon) {
+    this.#addon = addon;
+  }
+
+  add(fd: number): void {
+    this.#fds.push(fd);
+    if (this.#scheduled) return;
+    this.#scheduled = true;
+    // An immediate runs after every microtask of this turn, so after the
+    // code that awaited the exit (and, say, spawned the next child).
+    setImmediate(() => this.#flush());
+  }
+
+  #flush(): void {
+    this.#scheduled = false;
+    const fds = this.#fds;
+    this.#fds = [];
+    for (const fd of fds) {
+      try {
+        this.#addon.close(fd);
+      } catch {
+        // EBADF cannot happen for an fd we own; nothing to do if it did
+      }
+    }
+  }
+}
+
+/** Told of a watched pidfd's exit (see ExitWatches). */
+export interface ExitListener {
+  /** code: the si_code of the child a reaping watch reaped, 0 when none was, -errno when its waitid failed. */
+  exitReported(code: number, status: number): void;
+}
+
+/** Int32 slots per reported exit in the addon's event array: id, code, status. */
+const EXIT_EVENT_SLOTS = 3;
+
+/**
+ * The addon's exit dispatcher and whom each watch reports to. The addon
+ * reports a batch of exits with one call, through one array, so a watch
+ * costs a map entry here rather than a function and a persistent reference
+ * in the addon. One per loaded addon: the addon has one dispatcher per
+ * environment, so every backend on it shares this table.
+ */
+export class ExitWatches {
+  readonly #addon: NativeAddon;
+  readonly #events: Int32Array;
+  readonly #listeners = new Map<number, ExitListener>();
+
+  constructor(addon: NativeAddon) {
+    this.#addon = addon;
+    this.#events = addon.watchDispatch((count) => this.#dispatch(count));
+  }
+
+  /** Watches `fd` until its exit is reported to `listener`, once; `reap` reaps our child as it is. */
+  watch(fd: number, reap: boolean, listener: ExitListener): number {
+    const id = this.#addon.watch(fd, reap);
+    this.#listeners.set(id, listener);
+    return id;
+  }
+
+  /** Stops a watch that has not been reported (the fd may be closed after); unknown ids are ignored. */
+  unwatch(id: number): void {
+    this.#listeners.delete(id);
+    this.#addon.unwatch(id);
+  }
+
+  /** Whether a pending watch keeps the loop alive. */
+  ref(id: number, on: boolean): void {
+    this.#addon.watchRef(id, on);
+  }
+
+  #dispatch(count: number): void {
+    const events = this.#events;
+    let failure: { error: unknown } | undefined;
+    for (let i = 0; i < count * EXIT_EVENT_SLOTS; i += EXIT_EVENT_SLOTS) {
+      const id = events[i] ?? 0;
+      const listener = this.#listeners.get(id);
+      // Unwatched by an earlier listener of this batch.
+      if (!listener) continue;
+      this.#listeners.delete(id);
+      try {
+        listener.exitReported(events[i + 1] ?? 0, events[i + 2] ?? 0);
+      } catch (error) {
+        // The rest of the batch is still told; the first failure surfaces after, as an uncaught exception.
+        failure ??= { error };
+      }
+    }
+    if (failure) throw failure.error;
+  }
+}
+
+const exitWatchesByAddon = new WeakMap<NativeAddon, ExitWatches>();
+
+/** The addon's one ExitWatches, made on first use. */
+export function exitWatchesOf(addon: NativeAddon): ExitWatches {
+  let watches = exitWatchesByAddon.get(addon);
+  if (!watches) {
+    watches = new ExitWatches(addon);
+    exitWatchesByAddon.set(addon, watches);
+  }
+  return watches;
 }
 
 /** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */
@@ -63,9 +182,9 @@ const MATCH_SHARDS = 2;
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
 
-/** The status a waitid() siginfo describes: its code for a normal exit, else the signal. */
-function fromSiginfo(info: { code: number; status: number }): ExitStatus {
-  return info.code === CLD_EXITED ? { code: info.status, signal: null } : decodeWaitStatus(info.status & 0x7f);
+/** The status a waitid() siginfo describes (si_code, si_status): its code for a normal exit, else the signal. */
+function fromSiginfo(code: number, status: number): ExitStatus {
+  return code === CLD_EXITED ? { code: status, signal: null } : decodeWaitStatus(status & 0x7f);
 }
 
 /**
@@ -73,7 +192,7 @@ function fromSiginfo(info: { code: number; status: number }): ExitStatus {
  * asks for them (`exited`, `gone`): a pin nobody waits on costs its fields
  * and its watcher, nothing more.
  */
-export class NativePidRef implements PidRef {
+export class NativePidRef implements PidRef, ExitListener {
   readonly pid: number;
   #fd: number;
   readonly #ctx: PinContext;
@@ -142,12 +261,12 @@ export class NativePidRef implements PidRef {
 
   ref(): void {
     this.#refed = true;
-    if (this.#watcher) this.#ctx.addon.watchRef(this.#watcher, true);
+    if (this.#watcher) this.#ctx.watches.ref(this.#watcher, true);
   }
 
   unref(): void {
     this.#refed = false;
-    if (this.#watcher) this.#ctx.addon.watchRef(this.#watcher, false);
+    if (this.#watcher) this.#ctx.watches.ref(this.#watcher, false);
   }
 
   close(): void {
@@ -161,14 +280,16 @@ export class NativePidRef implements PidRef {
     this.#release();
   }
 
-  #release(): void {
+  /** Stops the watch and closes the pidfd: now, or (`later`, once the process has exited) after this turn. */
+  #release(later = false): void {
     if (this.#origin !== 'spawned') this.#ctx.finalizer.unregister(this);
     if (this.#watcher) {
-      this.#ctx.addon.unwatch(this.#watcher);
+      this.#ctx.watches.unwatch(this.#watcher);
       this.#watcher = 0;
     }
     if (this.#fd >= 0) {
-      this.#ctx.addon.close(this.#fd);
+      if (later) this.#ctx.closer.add(this.#fd);
+      else this.#ctx.addon.close(this.#fd);
       this.#fd = -1;
     }
   }
@@ -180,45 +301,31 @@ export class NativePidRef implements PidRef {
       this.#settle(UNKNOWN_EXIT);
       return;
     }
-    // Bound, not an arrow: no closure context per pin.
-    this.#watcher = this.#ctx.addon.watch(this.#fd, this.#onReadable.bind(this));
-    if (!this.#refed) this.#ctx.addon.watchRef(this.#watcher, false);
+    // Our own children and adopted ones (re-parented to us, a subreaper) are
+    // reaped by the watch as their exit is reported; another's child is not
+    // ours to reap (ECHILD), so its watch does not try.
+    this.#watcher = this.#ctx.watches.watch(this.#fd, this.#origin !== 'other', this);
+    if (!this.#refed) this.#ctx.watches.ref(this.#watcher, false);
   }
 
-  #onReadable(): void {
-    // The watcher fired once and stopped itself.
+  /** @internal The watch set's report: the watch fired once and is gone. */
+  exitReported(code: number, status: number): void {
     this.#watcher = 0;
     this.#seen = true;
     this.#resolveGone?.();
     this.#resolveGone = undefined;
-    const { addon } = this.#ctx;
-    const flags = addon.constants.WEXITED | addon.constants.WNOHANG;
-    if (this.#origin === 'spawned') {
-      // Our child: reap it through its pidfd. Nobody else can (libuv only
-      // waits for the pids it spawned), so WNOHANG finds it.
-      let info: ReturnType<NativeAddon['waitid']> = null;
-      try {
-        info = addon.waitid(this.#fd, flags);
-      } catch {
-        // ECHILD: something else reaped our child (a SIG_IGN'd SIGCHLD, a
-        // stray waitpid(-1)). It is gone all the same; its status is lost.
-      }
-      this.#settle(info ? fromSiginfo(info) : UNKNOWN_EXIT);
+    if (code > 0) {
+      this.#settle(fromSiginfo(code, status));
       return;
     }
-    if (this.#origin === 'adopted') {
-      // Re-parented to us (we are a subreaper): ours to reap now, or it
-      // stays a zombie. ECHILD: someone else's child; its parent reaps it.
-      try {
-        const info = addon.waitid(this.#fd, flags);
-        if (info) {
-          this.#settle(fromSiginfo(info));
-          return;
-        }
-      } catch {
-        // not our child
-      }
+    if (this.#origin === 'spawned') {
+      // ECHILD: something else reaped our child (a SIG_IGN'd SIGCHLD, a
+      // stray waitpid(-1)). It is gone all the same; its status is lost.
+      this.#settle(UNKNOWN_EXIT);
+      return;
     }
+    // Adopted but someone else's child after all, or never ours: its status
+    // exists once its own parent reaps it.
     void this.#awaitExitInfo().then((s) => this.#settle(s));
   }
 
@@ -245,10 +352,10 @@ export class NativePidRef implements PidRef {
     this.#seen = true;
     this.#resolveGone?.();
     this.#resolveGone = undefined;
-    // Exited (and reaped, if ours): the pidfd has nothing left to give.
-    this.#release();
     this.#resolveExited?.(status);
     this.#resolveExited = undefined;
+    // Exited (and reaped, if ours): the pidfd has nothing left to give.
+    this.#release(true);
   }
 }
 
@@ -461,41 +568,51 @@ export class NativeBackend extends ProcReads implements Backend {
   }
 
   spawn(req: SpawnRequest): SpawnedChild {
-    const fds: [number, number, number] = [-1, -1, -1];
-    const parentEnds: Array<number | null> = [null, null, null];
-    const toClose: number[] = [];
+    const addon = this.#addon;
+    const c = addon.constants;
+    // -1: the addon's own /dev/null, already where the child can take it without a dup.
+    const fds = [-1, -1, -1];
+    // Our ends of pipes, and the child's ends (closed once the child holds them); made only for a pipe.
+    let ours: Array<number | null> | null = null;
+    let theirs: number[] | null = null;
     try {
-      req.stdio.forEach((target, i) => {
+      for (let i = 0; i < 3; i++) {
+        const target = req.stdio[i];
+        if (target === 'ignore' || target === undefined) continue;
         if (target === 'inherit') fds[i] = i;
-        // -1: the addon's own /dev/null, already where the child can take it without a dup.
-        else if (target === 'ignore') fds[i] = -1;
         else if (target === 'pipe') {
-          const [r, w] = this.#addon.pipe();
-          const childEnd = i === 0 ? r : w;
-          fds[i] = childEnd;
-          parentEnds[i] = i === 0 ? w : r;
-          toClose.push(childEnd);
+          const [r, w] = addon.pipe();
+          ours ??= [null, null, null];
+          theirs ??= [];
+          fds[i] = i === 0 ? r : w;
+          ours[i] = i === 0 ? w : r;
+          theirs.push(i === 0 ? r : w);
         } else fds[i] = target.fd;
-      });
-      // Opened here, written by the child: it allocates nothing and opens nothing.
-      const procs = req.cgroup ? openSync(join(req.cgroup, 'cgroup.procs'), fsc.O_WRONLY) : null;
-      let spawned: { pid: number; pidfd: number };
-      try {
-        spawned = this.#addon.spawn(req.file, req.argv, req.env, {
-          cwd: req.cwd,
-          stdio: fds,
-          newSession: req.newSession,
-          newGroup: req.newGroup,
-          ...(procs !== null ? { cgroupProcs: procs } : {}),
-        });
-      } finally {
-        if (procs !== null) closeSync(procs);
       }
-      const { pid, pidfd } = spawned;
-      const ref = new NativePidRef(this.#pins, pid, pidfd, 'spawned');
-      const streams = parentEnds.map((fd, i) => {
-        if (fd === null) return null;
-        parentEnds[i] = null;
+      const flags = (req.newSession ? c.SPAWN_NEW_SESSION : 0) | (req.newGroup ? c.SPAWN_NEW_GROUP : 0);
+      // Opened here, written by the child: it allocates nothing and opens nothing.
+      const procs = req.cgroup ? openSync(join(req.cgroup, 'cgroup.procs'), fsc.O_WRONLY) : -1;
+      let spawned: [pid: number, pidfd: number];
+      try {
+        spawned = addon.spawn(
+          req.file,
+          req.argv,
+          req.env,
+          req.cwd ?? null,
+          fds[0] ?? -1,
+          fds[1] ?? -1,
+          fds[2] ?? -1,
+          flags,
+          procs,
+        );
+      } finally {
+        if (procs >= 0) closeSync(procs);
+      }
+      const ref = new NativePidRef(this.#pins, spawned[0], spawned[1], 'spawned');
+      if (ours === null) return { ref, stdin: null, stdout: null, stderr: null };
+      const streams = ours.map((fd, i) => {
+        if (fd === null || !ours) return null;
+        ours[i] = null;
         return new Socket({ fd, readable: i !== 0, writable: i === 0 });
       });
       return {
@@ -505,8 +622,8 @@ export class NativeBackend extends ProcReads implements Backend {
         stderr: (streams[2] as Readable | null) ?? null,
       };
     } finally {
-      for (const fd of toClose) closeSync(fd);
-      for (const fd of parentEnds) if (fd !== null) closeSync(fd);
+      if (theirs) for (const fd of theirs) closeSync(fd);
+      if (ours) for (const fd of ours) if (fd !== null) closeSync(fd);
     }
   }
 }

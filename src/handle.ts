@@ -190,6 +190,8 @@ export function resolveExecutable(command: string, env: Record<string, string | 
 
 /** Turns spawn options into backend stdio targets; opens `{ file }` targets (the caller closes them). */
 export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [StdioTarget, StdioTarget, StdioTarget] {
+  // The default, and the common case of a busy spawner: nothing to open.
+  if (stdio === undefined || stdio === 'ignore') return ['ignore', 'ignore', 'ignore'];
   const list =
     stdio === undefined ? ['ignore', 'ignore', 'ignore'] : Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
   if (list.length !== 3) throw new InvalidArgError('stdio must be one value or three');
@@ -283,9 +285,12 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
   const envp = options.env === undefined ? null : envList(options.env);
   // With a path, the native spawn's execve reports ENOENT and EACCES itself,
   // synchronously; the js backend learns them only after the fact.
+  // An absolute path goes to execve as given, as child_process passes it.
   const file =
     command.includes('/') && backend.name === 'native'
-      ? path.resolve(options.cwd ?? '', command)
+      ? command.startsWith('/')
+        ? command
+        : path.resolve(options.cwd ?? '', command)
       : resolveExecutable(command, env, options.cwd);
   const opened: number[] = [];
   try {

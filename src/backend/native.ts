@@ -161,16 +161,19 @@ export class ExitWatches {
   }
 }
 
-const exitWatchesByAddon = new WeakMap<NativeAddon, ExitWatches>();
+/**
+ * Where an addon's ExitWatches is kept: on the addon object itself, under a
+ * registered symbol. The ESM and CommonJS builds loaded in one process are two
+ * copies of this module but load one addon (one require cache), which has one
+ * dispatcher: a table per copy would leave the first copy's pins never told.
+ */
+const EXIT_WATCHES = Symbol.for('custody.exitWatches');
 
 /** The addon's one ExitWatches, made on first use. */
 export function exitWatchesOf(addon: NativeAddon): ExitWatches {
-  let watches = exitWatchesByAddon.get(addon);
-  if (!watches) {
-    watches = new ExitWatches(addon);
-    exitWatchesByAddon.set(addon, watches);
-  }
-  return watches;
+  const holder = addon as NativeAddon & { [EXIT_WATCHES]?: ExitWatches };
+  holder[EXIT_WATCHES] ??= new ExitWatches(addon);
+  return holder[EXIT_WATCHES];
 }
 
 /** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */

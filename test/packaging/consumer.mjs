@@ -42,5 +42,17 @@ try {
 // The CommonJS build in the same process: same backend choice.
 const cjs = createRequire(import.meta.url)('custody');
 if (cjs.capabilities().backend !== caps.backend) fail(`require('custody') chose ${cjs.capabilities().backend}`);
+// Both builds spawning at once, in both orders: they share one addon, so each
+// exit must still reach the build whose handle waits for it.
+const both = [
+  spawn('/bin/sh', ['-c', 'exit 3'], { stdio: 'ignore' }),
+  cjs.spawn('/bin/sh', ['-c', 'exit 4'], { stdio: 'ignore' }),
+  spawn('/bin/sh', ['-c', 'exit 5'], { stdio: 'ignore' }),
+];
+const codes = await Promise.race([
+  Promise.all(both.map(async (h) => (await h.exited).code)),
+  new Promise((resolve) => setTimeout(() => resolve('timed out'), 10_000).unref()),
+]);
+if (JSON.stringify(codes) !== '[3,4,5]') fail(`ESM and CommonJS spawns in one process ended ${JSON.stringify(codes)}`);
 
 console.log(`consumer.mjs: ${caps.platform} backend=${caps.backend}${caps.reason ? ` reason="${caps.reason}"` : ''}`);

@@ -28,7 +28,7 @@ const char* ErrnoNameBeyondLibuv(int err) {
     return #e;
     CUSTODY_ERRNO_NAME(ECHILD)      // waitid: not our child, or already reaped
     CUSTODY_ERRNO_NAME(ENOLCK)      // flock: the kernel's lock table is full
-    CUSTODY_ERRNO_NAME(EDEADLK)     // flock on some filesystems
+    CUSTODY_ERRNO_NAME(EDEADLK)     // flock emulated with fcntl locks (NFS)
     CUSTODY_ERRNO_NAME(ELIBBAD)     // execve: a corrupt ELF interpreter
     CUSTODY_ERRNO_NAME(EUSERS)      // clone: user namespace limits
     CUSTODY_ERRNO_NAME(EDQUOT)      // writes to a state dir over its quota

@@ -105,6 +105,9 @@ struct AddonData {
   // loads, so they sit below the pidfds that come later. See spawn.cc.
   int spawn_slots[3] = {-1, -1, -1};
   int spawn_slot_null = -1;
+  // clone3 with CLONE_CLEAR_SIGHAND answered ENOSYS, EPERM or EINVAL (an
+  // older kernel, a seccomp filter, valgrind): spawn uses clone() from then on.
+  bool clone3_refused = false;
 };
 
 AddonData* GetData(const Napi::Env& env);

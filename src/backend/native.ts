@@ -115,16 +115,19 @@ const EXIT_EVENT_SLOTS = 3;
  */
 export class ExitWatches {
   readonly #addon: NativeAddon;
-  readonly #events: Int32Array;
+  /** The addon's event array, once the dispatcher is registered (at the first watch). */
+  #events: Int32Array | undefined;
   readonly #listeners = new Map<number, ExitListener>();
 
   constructor(addon: NativeAddon) {
     this.#addon = addon;
-    this.#events = addon.watchDispatch((count) => this.#dispatch(count));
   }
 
   /** Watches `fd` until its exit is reported to `listener`, once; `reap` reaps our child as it is. */
   watch(fd: number, reap: boolean, listener: ExitListener): number {
+    // Registered on first use, not at load: the addon's watch set may not
+    // exist yet (EMFILE when it loaded), and then this is where that is said.
+    this.#events ??= this.#addon.watchDispatch((count) => this.#dispatch(count));
     const id = this.#addon.watch(fd, reap);
     this.#listeners.set(id, listener);
     return id;
@@ -143,6 +146,7 @@ export class ExitWatches {
 
   #dispatch(count: number): void {
     const events = this.#events;
+    if (!events) return;
     let failure: { error: unknown } | undefined;
     for (let i = 0; i < count * EXIT_EVENT_SLOTS; i += EXIT_EVENT_SLOTS) {
       const id = events[i] ?? 0;

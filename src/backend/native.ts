@@ -38,8 +38,6 @@ type Origin = 'spawned' | 'adopted' | 'other';
 interface PinContext {
   readonly addon: NativeAddon;
   readonly watches: ExitWatches;
-  /** Closes the pidfds of processes that have exited, after the turn that saw them go. */
-  readonly closer: DeferredClose;
   /** PIDFD_INFO_EXIT works: a non-child's status can be read once its parent reaps it. */
   readonly exitInfo: boolean;
   /** Closes the pidfd of a pin dropped without close(); the held value is the fd (a small integer, no object). */
@@ -54,47 +52,7 @@ function pinContext(addon: NativeAddon, exitInfo: boolean): PinContext {
       // already closed with the environment
     }
   });
-  return { addon, watches: exitWatchesOf(addon), closer: new DeferredClose(addon), exitInfo, finalizer };
-}
-
-/**
- * The pidfds of processes that have exited (and been reaped, if ours), closed
- * together once the turn's promise reactions have run. Closing a reaped
- * child's pidfd frees the kernel's last hold on it, several microseconds of
- * kernel time; done before the exit's promise settles, it sat between one
- * child's exit and the next spawn. Nothing is lost by waiting: a settled pin
- * never uses its pidfd again.
- */
-class DeferredClose {
-  readonly #addon: NativeAddon;
-  #fds: number[] = [];
-  #scheduled = false;
-
-  constructor(addon: NativeAddon) {
-    this.#addon = addon;
-  }
-
-  add(fd: number): void {
-    this.#fds.push(fd);
-    if (this.#scheduled) return;
-    this.#scheduled = true;
-    // An immediate runs after every microtask of this turn, so after the
-    // code that awaited the exit (and, say, spawned the next child).
-    setImmediate(() => this.#flush());
-  }
-
-  #flush(): void {
-    this.#scheduled = false;
-    const fds = this.#fds;
-    this.#fds = [];
-    for (const fd of fds) {
-      try {
-        this.#addon.close(fd);
-      } catch {
-        // EBADF cannot happen for an fd we own; nothing to do if it did
-      }
-    }
-  }
+  return { addon, watches: exitWatchesOf(addon), exitInfo, finalizer };
 }
 
 /** Told of a watched pidfd's exit (see ExitWatches). */
@@ -287,16 +245,14 @@ export class NativePidRef implements PidRef, ExitListener {
     this.#release();
   }
 
-  /** Stops the watch and closes the pidfd: now, or (`later`, once the process has exited) after this turn. */
-  #release(later = false): void {
+  #release(): void {
     if (this.#origin !== 'spawned') this.#ctx.finalizer.unregister(this);
     if (this.#watcher) {
       this.#ctx.watches.unwatch(this.#watcher);
       this.#watcher = 0;
     }
     if (this.#fd >= 0) {
-      if (later) this.#ctx.closer.add(this.#fd);
-      else this.#ctx.addon.close(this.#fd);
+      this.#ctx.addon.close(this.#fd);
       this.#fd = -1;
     }
   }
@@ -359,10 +315,10 @@ export class NativePidRef implements PidRef, ExitListener {
     this.#seen = true;
     this.#resolveGone?.();
     this.#resolveGone = undefined;
+    // Exited (and reaped, if ours): the pidfd has nothing left to give.
+    this.#release();
     this.#resolveExited?.(status);
     this.#resolveExited = undefined;
-    // Exited (and reaped, if ours): the pidfd has nothing left to give.
-    this.#release(true);
   }
 }
 

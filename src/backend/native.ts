@@ -7,7 +7,6 @@ import { openSync, closeSync, constants as fsc, readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
-import type { Readable, Writable } from 'node:stream';
 import { NotAProcessError } from '../errors.js';
 import { parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
@@ -533,11 +532,10 @@ export class NativeBackend extends ProcReads implements Backend {
   spawn(req: SpawnRequest): SpawnedChild {
     const addon = this.#addon;
     const c = addon.constants;
-    // -1: the addon's own /dev/null, already where the child can take it without a dup.
+    // The child's 0..2; -1: the addon's own /dev/null, already where the child can take it without a dup.
     const fds = [-1, -1, -1];
-    // Our ends of pipes, and the child's ends (closed once the child holds them); made only for a pipe.
-    let ours: Array<number | null> | null = null;
-    let theirs: number[] | null = null;
+    // Our end of each pipe, until its stream owns it.
+    const ours: Array<number | null> = [null, null, null];
     try {
       for (let i = 0; i < 3; i++) {
         const target = req.stdio[i];
@@ -545,11 +543,8 @@ export class NativeBackend extends ProcReads implements Backend {
         if (target === 'inherit') fds[i] = i;
         else if (target === 'pipe') {
           const [r, w] = addon.pipe();
-          ours ??= [null, null, null];
-          theirs ??= [];
           fds[i] = i === 0 ? r : w;
           ours[i] = i === 0 ? w : r;
-          theirs.push(i === 0 ? r : w);
         } else fds[i] = target.fd;
       }
       const flags = (req.newSession ? c.SPAWN_NEW_SESSION : 0) | (req.newGroup ? c.SPAWN_NEW_GROUP : 0);
@@ -572,21 +567,22 @@ export class NativeBackend extends ProcReads implements Backend {
         if (procs >= 0) closeSync(procs);
       }
       const ref = new NativePidRef(this.#pins, spawned[0], spawned[1], 'spawned');
-      if (ours === null) return { ref, stdin: null, stdout: null, stderr: null };
-      const streams = ours.map((fd, i) => {
-        if (fd === null || !ours) return null;
+      const stream = (i: number): Socket | null => {
+        const fd = ours[i];
+        if (fd === null || fd === undefined) return null;
         ours[i] = null;
         return new Socket({ fd, readable: i !== 0, writable: i === 0 });
-      });
-      return {
-        ref,
-        stdin: (streams[0] as Writable | null) ?? null,
-        stdout: (streams[1] as Readable | null) ?? null,
-        stderr: (streams[2] as Readable | null) ?? null,
       };
+      return { ref, stdin: stream(0), stdout: stream(1), stderr: stream(2) };
     } finally {
-      if (theirs) for (const fd of theirs) closeSync(fd);
-      if (ours) for (const fd of ours) if (fd !== null) closeSync(fd);
+      // The child's ends of the pipes (it holds its own copies now, or never ran), and ours if no stream took them.
+      for (let i = 0; i < 3; i++) {
+        const child = fds[i] ?? -1;
+        if (req.stdio[i] === 'pipe' && child >= 0) closeSync(child);
+        const parent = ours[i];
+        if (parent !== null && parent !== undefined) closeSync(parent);
+      }
     }
   }
+
 }

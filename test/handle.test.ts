@@ -1,5 +1,5 @@
 import { spawn as cpSpawn } from 'node:child_process';
-import { chmodSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
@@ -46,6 +46,12 @@ describe(`spawn (${backend.name})`, () => {
 
   it('fails synchronously with ENOENT or EACCES and leaves no process', () => {
     expect(() => spawn('/nonexistent/custody-x')).toThrow(expect.objectContaining({ code: 'ENOENT' }));
+    // With every slot piped: neither end of any pipe outlives the failure.
+    const fdsBefore = readdirSync('/proc/self/fd').length;
+    expect(() => spawn('/nonexistent/custody-x', [], { stdio: 'pipe' })).toThrow(
+      expect.objectContaining({ code: 'ENOENT' }),
+    );
+    expect(readdirSync('/proc/self/fd')).toHaveLength(fdsBefore);
     // A PATH of searchable dirs only: one we may not search makes it EACCES (below).
     const searchable = { PATH: '/usr/local/bin:/usr/bin:/bin' };
     expect(() => spawn('custody-no-such-command-anywhere', [], { env: searchable })).toThrow(

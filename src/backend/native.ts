@@ -584,5 +584,4 @@ export class NativeBackend extends ProcReads implements Backend {
       }
     }
   }
-
 }

@@ -83,20 +83,31 @@ int ChildMain(void* raw) {
     goto fail;
   }
 
-  // Every signal back to its default: Node ignores SIGPIPE and installs
+  // Signals back to their defaults: Node ignores SIGPIPE and installs
   // handlers that must not run in a VM monitor, nor here, on our memory,
   // once signals are unblocked below. The handler table is the child's own
-  // (no CLONE_SIGHAND), so this does not touch the parent. After
-  // CLONE_CLEAR_SIGHAND no handler is left, only SIG_IGN: the classic signals
-  // are reset, as libuv resets them for child_process (an ignored real-time
-  // signal stays ignored, as it does there); one rt_sigaction each, so 29
-  // calls instead of 62, on the path the parent waits through.
+  // (no CLONE_SIGHAND), so this does not touch the parent. The classic
+  // signals 1..31 all go to SIG_DFL, as libuv resets them for child_process;
+  // an ignored real-time signal stays ignored, as it does there, so the
+  // program starts the same on either backend and on either clone path.
+  // After CLONE_CLEAR_SIGHAND no handler is left at all: one rt_sigaction
+  // for each classic signal, 29 calls on the path the parent waits through.
+  // Without it (clone), a real-time signal with a handler is reset too: read
+  // first, so that one ignored is left as it is.
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < (a->handlers_cleared ? 32 : NSIG); sig++) {
     if (sig == SIGKILL || sig == SIGSTOP) continue;
-    sigaction(sig, &dfl, nullptr);  // EINVAL for glibc-reserved signals is fine
+    if (sig >= 32) {
+      struct sigaction current;
+      // EINVAL for the glibc-reserved 32 and 33: glibc keeps those itself.
+      if (sigaction(sig, nullptr, &current) == -1 || current.sa_handler == SIG_IGN ||
+          current.sa_handler == SIG_DFL) {
+        continue;
+      }
+    }
+    sigaction(sig, &dfl, nullptr);
   }
   // The parent blocked everything before clone; the program starts unblocked.
   sigset_t empty;

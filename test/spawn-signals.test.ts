@@ -5,21 +5,23 @@
 // memory, once it unblocks signals. On x86_64 (the architecture with a clone3
 // trampoline) the kernel clears every handler at clone (CLONE_CLEAR_SIGHAND)
 // and the child resets only the classic signals; elsewhere, or where clone3 is
-// refused, it resets every signal itself.
+// refused (staged with a seccomp filter, test/fixtures/c/hostile-exec.c), it
+// resets the classic signals and every real-time one that has a handler.
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
+import { compileC } from './helpers/cprog.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 
 expectNoLeaks();
 
 const addonPath = process.env.CUSTODY_ADDON_PATH ?? join(import.meta.dirname, '..', 'build', 'Release', 'custody.node');
 
-/** strace -f of a node that spawns /bin/true through the addon: the trace's lines. */
-function traceSpawn(dir: string): string[] {
+/** strace -f of a node (run by `launcher`, if any) that spawns /bin/true through the addon: the trace's lines. */
+function traceSpawn(dir: string, launcher: string[] = []): string[] {
   const out = join(dir, 'trace');
   // A handler of Node's (SIGUSR2 through libuv) and Node's own SIG_IGN of
   // SIGPIPE are both in place when the addon clones.
@@ -37,6 +39,7 @@ function traceSpawn(dir: string): string[] {
       'trace=clone,clone3,rt_sigaction,rt_sigprocmask,execve',
       '-o',
       out,
+      ...launcher,
       process.execPath,
       '-e',
       script,
@@ -77,6 +80,27 @@ function childCallsBeforeExec(lines: string[], cloneCall: RegExp): { clone: stri
   return { clone, calls };
 }
 
+/** The child's rt_sigaction calls, split into resets to SIG_DFL and the rest; and where it unblocks signals. */
+function signalCalls(calls: string[]): { resets: string[]; others: string[]; unblock: number; lastAction: number } {
+  const actions = calls.filter((c) => c.startsWith('rt_sigaction('));
+  // A reset passes a new action; a read passes NULL and gets the old one back.
+  const resets = actions.filter((c) => /^rt_sigaction\(\w+, \{sa_handler=SIG_DFL/.test(c));
+  return {
+    resets,
+    others: actions.filter((c) => !resets.includes(c)),
+    unblock: calls.findIndex((c) => c.startsWith('rt_sigprocmask(SIG_SETMASK, []')),
+    lastAction: calls.lastIndexOf(actions.at(-1) ?? ''),
+  };
+}
+
+/** The 29 classic signals (1..31 but SIGKILL and SIGSTOP), each reset, SIGPIPE (Node's SIG_IGN) and SIGUSR2 (a handler) among them. */
+function expectClassicResets(resets: string[]): void {
+  expect(resets).toHaveLength(29);
+  expect(resets.every((c) => !c.startsWith('rt_sigaction(SIGRT'))).toBe(true);
+  expect(resets.some((c) => c.startsWith('rt_sigaction(SIGPIPE,'))).toBe(true);
+  expect(resets.some((c) => c.startsWith('rt_sigaction(SIGUSR2,'))).toBe(true);
+}
+
 describe.skipIf(backend.name !== 'native')('the native spawn and signals (strace)', () => {
   it.skipIf(process.arch !== 'x64')(
     'clears every handler at clone and resets only the classic signals before execve',
@@ -87,17 +111,37 @@ describe.skipIf(backend.name !== 'native')('the native spawn and signals (strace
         expect(clone).toMatch(/CLONE_VM\|/);
         expect(clone).toMatch(/CLONE_VFORK/);
         expect(clone).toMatch(/CLONE_PIDFD/);
-        const actions = calls.filter((c) => c.startsWith('rt_sigaction('));
-        const resets = actions.filter((c) => /sa_handler=SIG_DFL/.test(c));
-        // 1..31 but SIGKILL and SIGSTOP, each to SIG_DFL: 29 calls, not 62.
-        expect(resets).toHaveLength(29);
-        expect(resets.some((c) => c.startsWith('rt_sigaction(SIGPIPE,'))).toBe(true);
-        expect(resets.some((c) => c.startsWith('rt_sigaction(SIGUSR2,'))).toBe(true);
-        // Nothing else sets a disposition before execve.
-        expect(actions.filter((c) => !resets.includes(c))).toEqual([]);
+        const { resets, others, unblock, lastAction } = signalCalls(calls);
+        expectClassicResets(resets);
+        // Nothing else sets, or even reads, a disposition before execve.
+        expect(others).toEqual([]);
         // Every reset comes before the mask is opened: nothing of ours can run in the child.
-        const unblock = calls.findIndex((c) => c.startsWith('rt_sigprocmask(SIG_SETMASK, []'));
-        expect(unblock).toBeGreaterThan(calls.lastIndexOf(actions.at(-1) ?? ''));
+        expect(unblock).toBeGreaterThan(lastAction);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    },
+  );
+
+  it.skipIf(process.arch !== 'x64')(
+    'where clone3 is refused, clones and resets the classic signals, reading the real-time ones, before execve',
+    () => {
+      const dir = mkdtempSync(join(tmpdir(), 'custody-strace-'));
+      try {
+        const hostileExec = compileC('hostile-exec', dir);
+        const lines = traceSpawn(dir, [hostileExec, 'no-clone3']);
+        // The addon asked for clone3 and the filter said ENOSYS...
+        expect(lines.some((l) => /clone3\(\{flags=[^}]*CLONE_CLEAR_SIGHAND.*= -1 ENOSYS/.test(l))).toBe(true);
+        const { clone, calls } = childCallsBeforeExec(lines, /^clone\(.*flags=CLONE_VM\|[^,]*CLONE_VFORK/);
+        expect(clone).toMatch(/CLONE_PIDFD/);
+        const { resets, others, unblock, lastAction } = signalCalls(calls);
+        expectClassicResets(resets);
+        // ...so the child read each real-time signal glibc lets it touch
+        // (34..64); none has a handler here, and the ignored 40 is kept.
+        expect(others).toHaveLength(31);
+        expect(others.every((c) => /^rt_sigaction\(SIGRT_\d+, NULL, \{sa_handler=SIG_(DFL|IGN)/.test(c))).toBe(true);
+        expect(others.filter((c) => /sa_handler=SIG_IGN/.test(c))).toHaveLength(1);
+        expect(unblock).toBeGreaterThan(lastAction);
       } finally {
         rmSync(dir, { recursive: true, force: true });
       }

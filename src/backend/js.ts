@@ -334,6 +334,8 @@ export class JsBackend extends ProcReads implements Backend {
   readonly cgroupPlacementReason?: string;
   #caps: Capabilities;
   #bootId: string | undefined;
+  /** The inheritable fds this process was started with, read at the first spawn (see inheritableFds). */
+  #inherited: number[] | undefined;
 
   constructor(caps: Capabilities) {
     super();
@@ -506,14 +508,36 @@ export class JsBackend extends ProcReads implements Backend {
             }),
           );
     const [file, args, argv0] = req.cgroup ? placed(req, req.cgroup, env) : [req.file, req.argv.slice(1), req.argv[0]];
-    const child = cpSpawn(file, args, {
-      argv0,
-      cwd: req.cwd,
-      env,
-      stdio: req.stdio.map((t) => (typeof t === 'object' ? t.fd : t)),
-      // child_process cannot setpgid alone: a new group comes with a new session here.
-      detached: req.newSession || req.newGroup,
-    });
+    const stdio: Array<'ignore' | 'inherit' | 'pipe' | number> = req.stdio.map((t) =>
+      typeof t === 'object' ? t.fd : t,
+    );
+    // child_process passes on every fd of ours without close-on-exec and
+    // cannot close one in the child; it can put another file in its place.
+    // /dev/null there means a lock or a pipe of our caller's is never held
+    // by the program (the native spawn closes them: close_range). An fd of
+    // the list closed and reused since is close-on-exec (Node opens nothing
+    // else), so the worst /dev/null does there is take its number.
+    this.#inherited ??= inheritableFds();
+    const inheritable = coverable(this.#inherited);
+    const devNull = inheritable.length > 0 ? openSync('/dev/null', 'r') : -1;
+    for (const fd of inheritable) {
+      while (stdio.length < fd) stdio.push('ignore');
+      stdio[fd] = devNull;
+    }
+    let child: ChildProcess;
+    try {
+      child = cpSpawn(file, args, {
+        argv0,
+        cwd: req.cwd,
+        env,
+        stdio,
+        // child_process cannot setpgid alone: a new group comes with a new session here.
+        detached: req.newSession || req.newGroup,
+      });
+    } finally {
+      // The child has exec'd (or failed) when cpSpawn returns: it holds its own copy.
+      if (devNull !== -1) closeSync(devNull);
+    }
     if (child.pid === undefined) {
       // child_process reports exec failure asynchronously; surface it as the
       // native backend does, synchronously, by waiting for nothing: the
@@ -522,6 +546,53 @@ export class JsBackend extends ProcReads implements Backend {
     }
     return { ref: new ChildPidRef(child, child.pid), stdin: child.stdin, stdout: child.stdout, stderr: child.stderr };
   }
+}
+
+// O_CLOEXEC as /proc/<pid>/fdinfo's "flags:" shows it (octal): the value of
+// asm-generic, so x86_64 and arm64 alike.
+const FDINFO_CLOEXEC = 0o2000000;
+
+/**
+ * This process's fds above stdio that a child would inherit: those without
+ * close-on-exec. Node marks the fds it was started with close-on-exec only up
+ * to the first gap past fd 15, so a wrapper's `exec 200>lock` stays
+ * inheritable. Read once: one fdinfo read per open fd costs more than the
+ * rest of a spawn at a few dozen fds, and what a process inherits is there
+ * from its start. An fd that native code opens later without O_CLOEXEC is
+ * not in it, and reaches the program as it would through child_process.
+ */
+function inheritableFds(): number[] {
+  const out: number[] = [];
+  for (const name of readdirSync('/proc/self/fd')) {
+    const fd = Number(name);
+    if (fd < 3) continue;
+    let info: string;
+    try {
+      info = readFileSync(`/proc/self/fdinfo/${name}`, 'latin1');
+    } catch (err) {
+      // Closed since the listing, the listing's own fd among them.
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') continue;
+      throw err;
+    }
+    const flags = /^flags:\s*([0-7]+)$/m.exec(info)?.[1];
+    if (flags !== undefined && (Number.parseInt(flags, 8) & FDINFO_CLOEXEC) === 0) out.push(fd);
+  }
+  return out;
+}
+
+/**
+ * The fds of `fds` that child_process can put /dev/null at. It moves its
+ * sources above the last stdio index first (F_DUPFD), which fails EINVAL at
+ * the soft RLIMIT_NOFILE, so the highest index must stay two below it; an fd
+ * there (inherited before the limit was lowered) reaches the program as it
+ * did before. The limit is read at each spawn, only when there is an fd to
+ * cover: another process may change it (prlimit).
+ */
+function coverable(fds: number[]): number[] {
+  if (fds.length === 0) return fds;
+  const limit = /^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'latin1'))?.[1];
+  if (limit === undefined) return fds; // "unlimited"
+  return fds.filter((fd) => fd < Number(limit) - 1);
 }
 
 /**

@@ -45,7 +45,7 @@ pkg=${1:-}
 if [ -z "$pkg" ]; then
   [ -f prebuilds/linux-arm64/custody.glibc.node ] ||
     fail "no prebuilds/linux-arm64/custody.glibc.node (build it: npm run prebuilds -- linux-arm64-glibc)"
-  [ -f dist/index.js ] && [ -f dist/cjs/index.js ] || fail "dist/ not built (npm run build:ts && npm run build:cjs)"
+  [ -f dist/custody.mjs ] && [ -f dist/cjs/index.js ] || fail "dist/ not built (npm run build:ts && npm run build:cjs)"
   pkg="$work/custody"
   mkdir -p "$pkg/node_modules" "$pkg/prebuilds"
   cp -r package.json dist "$pkg/"
@@ -89,7 +89,7 @@ const fail = (msg) => {
   process.exit(1);
 };
 if (process.arch !== 'arm64') fail(`process.arch is ${process.arch}`);
-const esm = await import(`${pkg}/dist/index.js`);
+const esm = await import(`${pkg}/dist/custody.mjs`);
 const cjs = createRequire(import.meta.url)(`${pkg}/dist/cjs/index.js`);
 for (const [kind, c] of [['ESM', esm], ['CommonJS', cjs]]) {
   const caps = c.capabilities();

@@ -5,7 +5,7 @@ import { createRequire } from 'node:module';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { capabilities, inspect, spawn, verify, Supervisor } from 'custody';
+import { CustodyError, capabilities, inspect, spawn, verify, Supervisor } from 'custody';
 
 const fail = (msg) => {
   console.error(`consumer.mjs: ${msg}`);
@@ -39,10 +39,14 @@ try {
   rmSync(stateDir, { recursive: true, force: true });
 }
 
-// The CommonJS build in the same process: same backend choice.
+// require('custody') in the same process: the import entry re-exports the
+// CommonJS build, so both are one instance, classes and all.
 const cjs = createRequire(import.meta.url)('custody');
 if (cjs.capabilities().backend !== caps.backend) fail(`require('custody') chose ${cjs.capabilities().backend}`);
-// Both builds spawning at once, in both orders: they share one addon, so each
+if (cjs.CustodyError !== CustodyError || cjs.Supervisor !== Supervisor || cjs.spawn !== spawn) {
+  fail("import and require('custody') are two instances: an error from one is not instanceof the other's class");
+}
+// import and require spawning at once, in both orders: one addon, so each
 // exit must still reach the build whose handle waits for it.
 const both = [
   spawn('/bin/sh', ['-c', 'exit 3'], { stdio: 'ignore' }),

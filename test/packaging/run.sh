@@ -66,7 +66,7 @@ tarball_contents() {
   for f in prebuilds/*/*.node; do
     grep -qx "package/$f" <<<"$list" || { echo "$f is in prebuilds/ but not in the tarball"; return 1; }
   done
-  for f in dist/index.js dist/index.d.ts dist/cjs/index.js dist/cjs/index.d.ts dist/cjs/package.json \
+  for f in dist/custody.mjs dist/index.d.ts dist/cjs/index.js dist/cjs/index.d.ts dist/cjs/package.json \
     binding.gyp native/addon.cc scripts/install.cjs README.md LICENSE CHANGELOG.md; do
     grep -qx "package/$f" <<<"$list" || { echo "missing $f"; return 1; }
   done

@@ -538,17 +538,18 @@ export class JsBackend extends ProcReads implements Backend {
       // The child has exec'd (or failed) when cpSpawn returns: it holds its own copy.
       if (devNull !== -1) closeSync(devNull);
     }
-    // child.stdio has an entry per stdio index, null beyond 2 here; the
-    // handle keeps the child for the process's lifetime, and 250 nulls for
-    // an inherited fd 251 would be 2 KiB of it.
-    const entries: unknown[] = child.stdio;
-    if (entries.length > 3) entries.length = 3;
     if (child.pid === undefined) {
       // child_process reports exec failure asynchronously; surface it as the
       // native backend does, synchronously, by waiting for nothing: the
       // 'error' event carries the errno, and pid is undefined.
       throw spawnFailure(child, req.file);
     }
+    // child.stdio has an entry per stdio index, null beyond 2 here; the
+    // handle keeps the child for the process's lifetime, and 250 nulls for
+    // an inherited fd 251 would be 2 KiB of it. (A spawn that failed with
+    // EMFILE has no child.stdio at all: hence after the check above.)
+    const entries: unknown[] = child.stdio;
+    if (entries.length > 3) entries.length = 3;
     return { ref: new ChildPidRef(child, child.pid), stdin: child.stdin, stdout: child.stdout, stderr: child.stderr };
   }
 }

@@ -7,7 +7,7 @@
 // O_CLOEXEC. A VM monitor that inherited them would keep the lock held after
 // the agent exits, so the agent cannot start again while its VMs run, and
 // keep the caller waiting for end-of-file as long as the VM runs.
-import { spawn as cpSpawn, spawnSync } from 'node:child_process';
+import { spawn as cpSpawn, execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
@@ -15,7 +15,7 @@ import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { tmpDir } from './helpers/procs.js';
+import { isRoot, tmpDir } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -144,5 +144,29 @@ describe('a program spawned by an agent whose wrapper left it a lock and a pipe 
     } finally {
       await killOrphan(daemon);
     }
+  });
+
+  it('still spawns where the agent has no /proc of its own to read its fds from', async (ctx) => {
+    // A mount namespace with an empty tmpfs over /proc: what a minimal
+    // container, or a /proc of a pid namespace we are not in, gives. The
+    // fds cannot be read there; the spawn must not fail for it.
+    ctx.skip(!isRoot(), 'needs root: unshare --mount');
+    const agent = `
+      import { spawn } from ${JSON.stringify(DIST)};
+      const h = spawn('/bin/true', [], { stdio: 'ignore' });
+      process.stdout.write(JSON.stringify(await h.exited));`;
+    const out = execFileSync(
+      'unshare',
+      [
+        '--mount',
+        '/bin/sh',
+        '-c',
+        'mount -t tmpfs none /proc && exec "$0" --input-type=module -e "$1"',
+        process.execPath,
+        agent,
+      ],
+      { env: { ...process.env, CUSTODY_BACKEND: backend.name }, encoding: 'utf8', timeout: 30_000 },
+    );
+    expect(JSON.parse(out)).toEqual({ code: 0, signal: null });
   });
 });

@@ -565,11 +565,21 @@ const FDINFO_CLOEXEC = 0o2000000;
  * inheritable. Read once: one fdinfo read per open fd costs more than the
  * rest of a spawn at a few dozen fds, and what a process inherits is there
  * from its start. An fd that native code opens later without O_CLOEXEC is
- * not in it, and reaches the program as it would through child_process.
+ * not in it, and reaches the program as it would through child_process, as
+ * does every fd where there is no /proc to read them from.
  */
 function inheritableFds(): number[] {
+  let names: string[];
+  try {
+    names = readdirSync('/proc/self/fd');
+  } catch (err) {
+    // No /proc of ours (none mounted, one of a pid namespace we are not in,
+    // another platform): nothing to learn, so spawn as child_process does.
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw err;
+  }
   const out: number[] = [];
-  for (const name of readdirSync('/proc/self/fd')) {
+  for (const name of names) {
     const fd = Number(name);
     if (fd < 3) continue;
     let info: string;

@@ -15,7 +15,7 @@ import { pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isRoot, tmpDir } from './helpers/procs.js';
+import { isGone, isRoot, tmpDir, waitFor } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -71,15 +71,7 @@ async function killOrphan(pid: number): Promise<void> {
   } catch {
     return;
   }
-  for (let i = 0; i < 100; i++) {
-    try {
-      readlinkSync(`/proc/${pid}/exe`);
-    } catch {
-      return;
-    }
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`pid ${pid} still alive 5 s after SIGKILL`);
+  await waitFor(() => isGone(pid), 5000, `pid ${pid} to die after SIGKILL`);
 }
 
 /** Runs the agent under `wrapper` (bash -c: $0 the lock, $1 node, $2 the agent); resolves once it exited, with the daemon's pid and the caller's pipe. */

@@ -8,13 +8,13 @@
 // refused (staged with a seccomp filter, test/fixtures/c/hostile-exec.c), it
 // resets the classic signals and every real-time one that has a handler.
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { compileC } from './helpers/cprog.js';
 import { expectNoLeaks } from './helpers/leaks.js';
+import { tmpDir } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -102,49 +102,45 @@ function expectClassicResets(resets: string[]): void {
 }
 
 describe.skipIf(backend.name !== 'native')('the native spawn and signals (strace)', () => {
+  let dir: ReturnType<typeof tmpDir>;
+  beforeAll(() => {
+    dir = tmpDir('custody-strace-');
+  });
+  afterAll(() => dir.cleanup());
+
   it.skipIf(process.arch !== 'x64')(
     'clears every handler at clone and resets only the classic signals before execve',
     () => {
-      const dir = mkdtempSync(join(tmpdir(), 'custody-strace-'));
-      try {
-        const { clone, calls } = childCallsBeforeExec(traceSpawn(dir), /clone3\(\{flags=[^}]*CLONE_CLEAR_SIGHAND/);
-        expect(clone).toMatch(/CLONE_VM\|/);
-        expect(clone).toMatch(/CLONE_VFORK/);
-        expect(clone).toMatch(/CLONE_PIDFD/);
-        const { resets, others, unblock, lastAction } = signalCalls(calls);
-        expectClassicResets(resets);
-        // Nothing else sets, or even reads, a disposition before execve.
-        expect(others).toEqual([]);
-        // Every reset comes before the mask is opened: nothing of ours can run in the child.
-        expect(unblock).toBeGreaterThan(lastAction);
-      } finally {
-        rmSync(dir, { recursive: true, force: true });
-      }
+      const { clone, calls } = childCallsBeforeExec(traceSpawn(dir.path), /clone3\(\{flags=[^}]*CLONE_CLEAR_SIGHAND/);
+      expect(clone).toMatch(/CLONE_VM\|/);
+      expect(clone).toMatch(/CLONE_VFORK/);
+      expect(clone).toMatch(/CLONE_PIDFD/);
+      const { resets, others, unblock, lastAction } = signalCalls(calls);
+      expectClassicResets(resets);
+      // Nothing else sets, or even reads, a disposition before execve.
+      expect(others).toEqual([]);
+      // Every reset comes before the mask is opened: nothing of ours can run in the child.
+      expect(unblock).toBeGreaterThan(lastAction);
     },
   );
 
   it.skipIf(process.arch !== 'x64')(
     'where clone3 is refused, clones and resets the classic signals, reading the real-time ones, before execve',
     () => {
-      const dir = mkdtempSync(join(tmpdir(), 'custody-strace-'));
-      try {
-        const hostileExec = compileC('hostile-exec', dir);
-        const lines = traceSpawn(dir, [hostileExec, 'no-clone3']);
-        // The addon asked for clone3 and the filter said ENOSYS...
-        expect(lines.some((l) => /clone3\(\{flags=[^}]*CLONE_CLEAR_SIGHAND.*= -1 ENOSYS/.test(l))).toBe(true);
-        const { clone, calls } = childCallsBeforeExec(lines, /^clone\(.*flags=CLONE_VM\|[^,]*CLONE_VFORK/);
-        expect(clone).toMatch(/CLONE_PIDFD/);
-        const { resets, others, unblock, lastAction } = signalCalls(calls);
-        expectClassicResets(resets);
-        // ...so the child read each real-time signal glibc lets it touch
-        // (34..64); none has a handler here, and the ignored 40 is kept.
-        expect(others).toHaveLength(31);
-        expect(others.every((c) => /^rt_sigaction\(SIGRT_\d+, NULL, \{sa_handler=SIG_(DFL|IGN)/.test(c))).toBe(true);
-        expect(others.filter((c) => /sa_handler=SIG_IGN/.test(c))).toHaveLength(1);
-        expect(unblock).toBeGreaterThan(lastAction);
-      } finally {
-        rmSync(dir, { recursive: true, force: true });
-      }
+      const hostileExec = compileC('hostile-exec', dir.path);
+      const lines = traceSpawn(dir.path, [hostileExec, 'no-clone3']);
+      // The addon asked for clone3 and the filter said ENOSYS...
+      expect(lines.some((l) => /clone3\(\{flags=[^}]*CLONE_CLEAR_SIGHAND.*= -1 ENOSYS/.test(l))).toBe(true);
+      const { clone, calls } = childCallsBeforeExec(lines, /^clone\(.*flags=CLONE_VM\|[^,]*CLONE_VFORK/);
+      expect(clone).toMatch(/CLONE_PIDFD/);
+      const { resets, others, unblock, lastAction } = signalCalls(calls);
+      expectClassicResets(resets);
+      // ...so the child read each real-time signal glibc lets it touch
+      // (34..64); none has a handler here, and the ignored 40 is kept.
+      expect(others).toHaveLength(31);
+      expect(others.every((c) => /^rt_sigaction\(SIGRT_\d+, NULL, \{sa_handler=SIG_(DFL|IGN)/.test(c))).toBe(true);
+      expect(others.filter((c) => /sa_handler=SIG_IGN/.test(c))).toHaveLength(1);
+      expect(unblock).toBeGreaterThan(lastAction);
     },
   );
 });

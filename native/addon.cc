@@ -42,12 +42,16 @@ const char* ErrnoNameBeyondLibuv(int err) {
 
 }  // namespace
 
+std::string ErrnoName(int err) {
+  if (const char* name = ErrnoNameBeyondLibuv(err)) return name;
+  // uv_err_name_r (libuv 1.22), not uv_err_name: it writes into our buffer
+  // and allocates nothing for a code it does not know.
+  char buf[64];
+  return uv_err_name_r(-err, buf, sizeof buf);
+}
+
 Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall) {
-  // uv_err_name maps -errno to the symbolic name Node itself uses ("ESRCH").
-  const char* code = uv_err_name(-err);
-  if (strncmp(code, "Unknown system error", 20) == 0) {
-    if (const char* name = ErrnoNameBeyondLibuv(err)) code = name;
-  }
+  const std::string code = ErrnoName(err);
   std::string message = std::string(syscall) + " " + code + " (" + strerror(err) + ")";
   Napi::Error error = Napi::Error::New(env, message);
   error.Set("code", Napi::String::New(env, code));
@@ -154,7 +158,7 @@ Napi::Value GetChildSubreaper(const Napi::CallbackInfo& info) {
 Napi::Value Probe(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
-  auto name = [](int err) { return err == 0 ? "" : uv_err_name(-err); };
+  auto name = [](int err) { return err == 0 ? std::string() : ErrnoName(err); };
 
   struct utsname uts;
   if (uname(&uts) == 0) out.Set("release", std::string(uts.release));

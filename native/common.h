@@ -116,6 +116,12 @@ AddonData* GetData(const Napi::Env& env);
 // events carry it in an Int32Array) and held by neither kind right now.
 uint32_t NextId(AddonData* data);
 
+// The symbolic name Node uses for errno `err` ("ESRCH"), also for the ones
+// libuv has no name for (ECHILD...); "Unknown system error N" for the rest.
+// Every errno name the addon reports comes from here: libuv's uv_err_name
+// leaks a string for each unknown code it is asked about.
+std::string ErrnoName(int err);
+
 // Builds an Error like Node's ErrnoException: message "syscall CODE (text)",
 // `code` the symbolic name, `errno` negative as in Node, `syscall`.
 Napi::Error ErrnoError(const Napi::Env& env, int err, const char* syscall);

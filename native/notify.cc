@@ -279,11 +279,11 @@ Napi::Value NotifyUnref(const Napi::CallbackInfo& info) {
 Napi::Value NotifyProbe(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd == -1) return Napi::String::New(env, uv_err_name(-errno));
+  if (fd == -1) return Napi::String::New(env, ErrnoName(errno));
   int one = 1;
   int err = setsockopt(fd, SOL_SOCKET, SO_PASSPIDFD, &one, sizeof one) == 0 ? 0 : errno;
   close(fd);
-  return Napi::String::New(env, err == 0 ? "" : uv_err_name(-err));
+  return Napi::String::New(env, err == 0 ? std::string() : ErrnoName(err));
 }
 
 }  // namespace

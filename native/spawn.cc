@@ -435,8 +435,7 @@ Napi::Value ProbeCloneIntoCgroup(const Napi::CallbackInfo& info) {
   if (pid > 0) CUSTODY_RETRY_EINTR(waitpid(static_cast<pid_t>(pid), nullptr, 0));
   close(fd);
   // Success would mean /dev/null was taken for a cgroup: nothing to trust.
-  const char* name = err == EBADF ? "" : uv_err_name(-(err != 0 ? err : EINVAL));
-  return Napi::String::New(env, name);
+  return Napi::String::New(env, err == EBADF ? std::string() : ErrnoName(err != 0 ? err : EINVAL));
 }
 
 }  // namespace

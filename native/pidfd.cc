@@ -34,8 +34,8 @@ struct ExitWatcher {
   int fd = -1;
   bool refed = true;
   // Reap on exit: waitid(P_PIDFD, WEXITED | WNOHANG) as the exit is
-  // reported, for JavaScript's own children, so the status travels with the
-  // event instead of costing another call.
+  // reported, for our own children and adopted ones (re-parented to us), so
+  // the status travels with the event instead of costing another call.
   bool reap = false;
 };
 
@@ -49,9 +49,9 @@ struct WatchSet {
   uv_poll_t poll;
   AddonData* owner = nullptr;
   napi_env env = nullptr;
-  // One async context for every exit callback: the callbacks of one epoll
-  // batch run inside one callback scope, and JavaScript's microtasks (the
-  // promise reactions they trigger) run once, after the batch, as after
+  // One async context for every dispatcher call: the one call per epoll
+  // batch runs inside one callback scope, and JavaScript's microtasks (the
+  // promise reactions it triggers) run once, after the batch, as after
   // any I/O callback. A context per watcher cost an async resource per spawn.
   Napi::AsyncContext* context = nullptr;
   // Pending watchers that keep the loop alive: the one uv_poll is ref'd
@@ -116,21 +116,28 @@ void OnWatchSetReadable(uv_poll_t* handle, int status, int /*events*/) {
   if (n <= 0) return;  // EINTR or nothing: the next turn sees it
   Napi::Env env(set->env);
   Napi::HandleScope handles(env);
-  if (set->dispatch.IsEmpty() || set->events.IsEmpty()) return;  // watch() requires both
+  // A watch exists only once watchDispatch() set both, and they stay set.
   Napi::Int32Array events = set->events.Value();
-  // Only our own code holds the array; a detached or shrunk one reports nothing.
-  if (events.ElementLength() < static_cast<size_t>(kExitBatch * kExitEventSlots)) return;
-  int32_t* out = events.Data();
+  // Only our own code holds the array. Should it be detached or shrunk, the
+  // exits just taken (EPOLLONESHOT disarmed their fds) are said to be lost,
+  // loudly, and their watchers dropped, so none keeps the loop alive forever.
+  bool usable = events.ElementLength() >= static_cast<size_t>(kExitBatch * kExitEventSlots);
+  int32_t* out = usable ? events.Data() : nullptr;
   int count = 0;
   for (int i = 0; i < n; i++) {
     auto it = data->watchers.find(static_cast<uint32_t>(ready[i].data.u64));
     if (it == data->watchers.end()) continue;  // unwatched since it was armed
-    ReportExit(it->second, out + count * kExitEventSlots);
-    DropWatcher(data, it->second, false);  // EPOLLONESHOT disarmed it
+    if (usable) ReportExit(it->second, out + count * kExitEventSlots);
+    DropWatcher(data, it->second, false);
     count++;
   }
   if (count == 0) return;
   Napi::CallbackScope scope(env, *set->context);
+  if (!usable) {
+    std::string message = std::to_string(count) + " exit(s) not reported: the exit event array is detached";
+    napi_fatal_exception(env, Napi::Error::New(env, message).Value());
+    return;
+  }
   try {
     set->dispatch.Call(env.Global(), {Napi::Number::New(env, count)});
   } catch (const Napi::Error& e) {
@@ -245,11 +252,13 @@ Napi::Value PidfsId(const Napi::CallbackInfo& info) {
 // watchDispatch(dispatch) -> Int32Array. Sets the environment's one exit
 // dispatcher: after each epoll batch, dispatch(count) runs once, with count
 // [id, code, status] triples written at the start of the returned array
-// (see ReportExit). A second call replaces the dispatcher and the array.
+// (see ReportExit). Once per environment: a second dispatcher would not know
+// the ids the first one's watches report with.
 Napi::Value WatchDispatch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsFunction()) throw Napi::TypeError::New(env, "dispatch must be a function");
   WatchSet* set = EnsureWatchSet(env, GetData(env));
+  if (!set->dispatch.IsEmpty()) throw Napi::Error::New(env, "watchDispatch() was already called in this environment");
   Napi::Int32Array events = Napi::Int32Array::New(env, kExitBatch * kExitEventSlots);
   set->dispatch = Napi::Persistent(info[0].As<Napi::Function>());
   set->events = Napi::Persistent(events);

@@ -61,7 +61,7 @@ struct ChildArgs {
   // shared fd table is to take a private copy of only the fds below this.
   unsigned int keep_below;
   // Cloned with CLONE_CLEAR_SIGHAND: the kernel has already put every
-  // handled signal back to SIG_DFL; only ignored ones remain to undo.
+  // handled signal back to SIG_DFL, so no real-time signal needs a look.
   bool handlers_cleared;
   // Written by the child on failure; read by the parent after clone returns.
   int err;

@@ -232,4 +232,16 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
       expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
     );
   });
+
+  it("refuses a second dispatcher: the first one's pending watches would report to a table without them", async () => {
+    // A pending watch, so the first dispatcher is registered and in use.
+    const pending = spawn('sleep', ['30']);
+    try {
+      expect(() => addon().watchDispatch(() => {})).toThrow(/already called/);
+    } finally {
+      pending.signal('SIGKILL');
+      // Still reported to the first dispatcher, after the refusal.
+      expect((await pending.exited).signal).toBe('SIGKILL');
+    }
+  });
 });

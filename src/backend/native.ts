@@ -102,8 +102,8 @@ export class ExitWatches {
   }
 
   #dispatch(count: number): void {
-    const events = this.#events;
-    if (!events) return;
+    // Set before the first watch, so before any batch can be dispatched.
+    const events = this.#events as Int32Array;
     let failure: { error: unknown } | undefined;
     for (let i = 0; i < count * EXIT_EVENT_SLOTS; i += EXIT_EVENT_SLOTS) {
       const id = events[i] ?? 0;

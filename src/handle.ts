@@ -192,8 +192,7 @@ export function resolveExecutable(command: string, env: Record<string, string | 
 export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [StdioTarget, StdioTarget, StdioTarget] {
   // The default, and the common case of a busy spawner: nothing to open.
   if (stdio === undefined || stdio === 'ignore') return ['ignore', 'ignore', 'ignore'];
-  const list =
-    stdio === undefined ? ['ignore', 'ignore', 'ignore'] : Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
+  const list = Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
   if (list.length !== 3) throw new InvalidArgError('stdio must be one value or three');
   return list.map((s, i): StdioTarget => {
     if (s === 'ignore' || s === 'inherit' || s === 'pipe') return s;

@@ -254,7 +254,7 @@ Napi::Value NotifyOpen(const Napi::CallbackInfo& info) {
 }
 
 NotifySocket* FindNotify(const Napi::CallbackInfo& info) {
-  uint32_t id = static_cast<uint32_t>(ArgInteger(info, 0, "notify socket", 0, UINT32_MAX));
+  uint32_t id = static_cast<uint32_t>(ArgInteger(info, 0, "notify socket", 0, INT32_MAX));
   AddonData* data = GetData(info.Env());
   auto it = data->notify_sockets.find(id);
   return it == data->notify_sockets.end() ? nullptr : it->second;

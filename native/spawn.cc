@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -189,13 +190,19 @@ fail:
 // syscall, and sets rsp to the top of the stack we give it (16-byte aligned,
 // so the call leaves ChildMain's frame ABI-aligned). Returns the child's pid,
 // or -errno.
+//
+// struct clone_args as of Linux 5.7 (set_tid 5.5, cgroup 5.7); a caller
+// passes the size of the fields it uses, and the kernel reads only those.
 struct CloneArgs {
-  __u64 flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
+  __u64 flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
 };
-constexpr __u64 kCloneClearSighand = 0x100000000ULL;
+// The size of the first version (CLONE_ARGS_SIZE_VER0): up to tls.
+constexpr size_t kCloneArgsSizeVer0 = offsetof(CloneArgs, set_tid);
+// Flags only clone3 has; the uapi headers of older toolchains lack them.
+constexpr __u64 kCloneClearSighand = 0x100000000ULL;  // Linux 5.5
+constexpr __u64 kCloneIntoCgroup = 0x200000000ULL;    // Linux 5.7
 
 #if defined(__x86_64__)
-constexpr bool kHaveClone3Trampoline = true;
 long Clone3(CloneArgs* args, ChildArgs* child) {
   long ret;
   register int (*fn)(void*) asm("r12") = ChildMain;
@@ -213,12 +220,13 @@ long Clone3(CloneArgs* args, ChildArgs* child) {
       "hlt\n\t"
       "1:\n\t"
       : "=a"(ret)
-      : "a"(static_cast<long>(__NR_clone3)), "D"(args), "S"(sizeof(CloneArgs)), "r"(fn), "r"(arg)
+      : "a"(static_cast<long>(__NR_clone3)), "D"(args), "S"(kCloneArgsSizeVer0), "r"(fn), "r"(arg)
       : "rcx", "r11", "memory");
   return ret;
 }
 #else
-constexpr bool kHaveClone3Trampoline = false;
+// No trampoline here: the first spawn takes this as clone3's absence and
+// uses clone() from then on, without a syscall.
 long Clone3(CloneArgs*, ChildArgs*) { return -ENOSYS; }
 #endif
 
@@ -355,7 +363,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   }
   pid_t pid = -1;
   int clone_errno = 0;
-  if (kHaveClone3Trampoline && !data->clone3_refused) {
+  if (!data->clone3_refused) {
     // The same child, with every handler cleared by the kernel at clone time,
     // atomically, instead of one rt_sigaction per signal in the child.
     CloneArgs args;
@@ -422,11 +430,9 @@ Napi::Value ProbeCloneIntoCgroup(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (fd == -1) ThrowErrno(env, errno, "open");
-  struct clone_args_v2 {
-    __u64 flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
-  } args;
+  CloneArgs args;
   memset(&args, 0, sizeof args);
-  args.flags = 0x200000000ULL;  // CLONE_INTO_CGROUP
+  args.flags = kCloneIntoCgroup;
   args.exit_signal = SIGCHLD;
   args.cgroup = static_cast<__u64>(fd);
   long pid = syscall(__NR_clone3, &args, sizeof args);

@@ -16,6 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 import { isGone, isRoot, tmpDir, waitFor } from './helpers/procs.js';
+import { plainEnv } from './integration/plain-env.js';
 
 expectNoLeaks();
 
@@ -157,7 +158,8 @@ describe('a program spawned by an agent whose wrapper left it a lock and a pipe 
         process.execPath,
         agent,
       ],
-      { env: { ...process.env, CUSTODY_BACKEND: backend.name }, encoding: 'utf8', timeout: 30_000 },
+      // Without the sanitizer run's preload: LeakSanitizer itself needs /proc.
+      { env: { ...plainEnv(), CUSTODY_BACKEND: backend.name }, encoding: 'utf8', timeout: 30_000 },
     );
     expect(JSON.parse(out)).toEqual({ code: 0, signal: null });
   });

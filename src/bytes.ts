@@ -100,19 +100,22 @@ export function displayArg(s: string): string {
   return s.replace(/(?<![\ud800-\udbff])[\udc80-\udcff]/g, (ch) => `\\x${(ch.charCodeAt(0) - 0xdc00).toString(16)}`);
 }
 
-/** A cmdline buffer split on NUL, each piece decoded losslessly. A trailing NUL ends the last argument. */
+/**
+ * A cmdline buffer split on NUL, each piece decoded losslessly. A trailing NUL ends the last argument.
+ * Sized before it is filled: grown by push, a four-argument array keeps room
+ * for 17 (152 B), and an identity holds its argv for as long as it is tracked.
+ */
 export function splitCmdlineBytes(raw: Buffer): string[] {
   if (raw.length === 0) return [];
-  const out: string[] = [];
+  let count = raw[raw.length - 1] === 0 ? 0 : 1;
+  for (let nul = raw.indexOf(0); nul >= 0; nul = raw.indexOf(0, nul + 1)) count++;
+  const out = new Array<string>(count);
   let start = 0;
-  for (;;) {
+  for (let i = 0; i < count; i++) {
     const nul = raw.indexOf(0, start);
-    if (nul < 0) {
-      if (start < raw.length) out.push(decodeArg(raw.subarray(start)));
-      return out;
-    }
-    out.push(decodeArg(raw.subarray(start, nul)));
-    start = nul + 1;
-    if (start >= raw.length) return out;
+    const end = nul < 0 ? raw.length : nul;
+    out[i] = decodeArg(raw.subarray(start, end));
+    start = end + 1;
   }
+  return out;
 }

@@ -208,6 +208,16 @@ int LiveThreadDir(int piddir, int pid, char* state) {
   }
 }
 
+// The pid namespace a process lives in, as the inode of its ns/pid link
+// (nsfs, Linux 3.8). Following the link takes ptrace read access (EACCES or
+// EPERM for another uid's process, or one that is not dumpable); there,
+// status's NSpid (Linux 4.1) still tells whether it lives in the namespace
+// of the /proc being read: it lists one pid per namespace from that one down
+// to the process's own. Reported as the inode, kPidNsOfProc (that /proc's
+// own namespace, inode unread) or kPidNsUnknown (another, or no answer).
+constexpr long long kPidNsOfProc = 0;
+constexpr long long kPidNsUnknown = -1;
+
 // What one consistent read of a process yields.
 struct IdentityRead {
   Stat st;  // the thread-group leader's: start ticks, ppid, session, comm
@@ -216,6 +226,8 @@ struct IdentityRead {
   bool has_exe = false;
   struct stat exe;
   long long uid = -1;
+  // The pid namespace the process lives in (see ReadPidNs).
+  long long pid_ns = kPidNsUnknown;
 };
 
 // The real uid from PIDFD_GET_INFO (Linux 6.13): one ioctl instead of
@@ -232,6 +244,36 @@ int ReadUid(int pidfd, int piddir, long long* uid) {
   int err = ReadAt(piddir, "status", &text);
   if (err != 0) return err;
   *uid = ParseStatusUid(text);
+  return 0;
+}
+
+int ReadPidNs(int src, int piddir, long long* ns) {
+  struct stat st;
+  if (fstatat(src, "ns/pid", &st, 0) == 0) {
+    *ns = static_cast<long long>(st.st_ino);
+    return 0;
+  }
+  if (errno != EACCES && errno != EPERM && errno != ENOENT) return errno;
+  std::string text;
+  int err = ReadAt(piddir, "status", &text);
+  if (err != 0) return err;
+  size_t at = text.find("\nNSpid:");
+  size_t end = at == std::string::npos ? at : text.find('\n', at + 1);
+  if (at == std::string::npos || end == std::string::npos) {
+    *ns = kPidNsUnknown;
+    return 0;
+  }
+  // "NSpid:\t12" is one level; "NSpid:\t12\t1" a process of a child namespace.
+  const char* p = text.c_str() + at + 7;
+  const char* stop = text.c_str() + end;
+  int levels = 0;
+  while (p < stop) {
+    while (p < stop && (*p == ' ' || *p == '\t')) p++;
+    if (p == stop) break;
+    levels++;
+    while (p < stop && *p != ' ' && *p != '\t') p++;
+  }
+  *ns = levels == 1 ? kPidNsOfProc : kPidNsUnknown;
   return 0;
 }
 
@@ -262,6 +304,7 @@ int ReadIdentity(int pidfd, int piddir, int pid, IdentityRead* out) {
     if ((err = ReadAt(src, "cmdline", &out->cmdline)) != 0) return err;
     if ((err = ReadExe(src, &out->has_exe, &out->exe)) != 0) return err;
     if ((err = ReadUid(pidfd, piddir, &out->uid)) != 0) return err;
+    if ((err = ReadPidNs(src, piddir, &out->pid_ns)) != 0) return err;
     if ((err = ReadAt(src, "cmdline", &again)) != 0) return err;
     if ((err = ReadAt(piddir, "stat", &text)) != 0) return err;
     Stat st2;
@@ -273,11 +316,12 @@ int ReadIdentity(int pidfd, int piddir, int pid, IdentityRead* out) {
 }
 
 // inspect(pid, procRoot, keepPidfd) ->
-//   [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, ...argv]
+//   [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, pidNs, ...argv]
 // A flat array: building it costs a fraction of an object with named keys,
 // and inspect is the hot path of every confirm, verify and sweep. exeDev and
 // exeIno are -1 when there is no readable exe; pidfsId is null off pidfs;
-// pidfd is -1 unless keepPidfd.
+// pidfd is -1 unless keepPidfd; pidNs is the inode of the pid namespace
+// the process lives in, 0 for the /proc's own (inode unread), -1 unknown.
 //
 // The race-free sequence: pidfd_open first pins the process we mean (and
 // fails with EINVAL for a thread that is not a thread-group leader: a TID is
@@ -340,6 +384,7 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
   const uint32_t pidfd_slot = i++;
   out.Set(pidfd_slot, Napi::Number::New(env, -1));
   out.Set(i++, Napi::Number::New(env, static_cast<double>(r.st.session)));
+  out.Set(i++, Napi::Number::New(env, static_cast<double>(r.pid_ns)));
   size_t start = 0;
   while (start < r.cmdline.size()) {
     size_t nul = r.cmdline.find('\0', start);

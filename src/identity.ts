@@ -23,6 +23,7 @@ export function toIdentity(pid: number, raw: RawIdentity, bootId: string): Proce
     session: raw.session,
     state: raw.state,
     pidNs: ownPidNs(),
+    processPidNs: raw.processPidNs,
   };
 }
 

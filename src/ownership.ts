@@ -205,8 +205,8 @@ function byToken(
   inside = false,
 ): Judgement {
   const ours = process.getuid?.();
-  if (!inside && live.pidNs !== null && ownPidNs() !== null && live.pidNs !== ownPidNs())
-    return { ours: false, why: 'namespace' };
+  // Where it cannot be told (null), it is not proven ours either.
+  if (!inside && ownPidNs() !== null && live.processPidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
   if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
   const marks = argvMarks(claim, live);
   if (marks) return { ours: false, why: marks };

@@ -151,6 +151,8 @@ function identityProblem(v: unknown): string | null {
     return 'identity.pidfsId is malformed';
   if (!isStrArr(v.argv)) return 'identity.argv is not a list of strings';
   if (v.pidNs !== undefined && v.pidNs !== null && !isInt(v.pidNs, 0)) return 'identity.pidNs is malformed';
+  if (v.processPidNs !== undefined && v.processPidNs !== null && !isInt(v.processPidNs, 0))
+    return 'identity.processPidNs is malformed';
   return null;
 }
 

@@ -32,6 +32,16 @@ export interface ProcessIdentity {
    * another namespace names some other process here: unprovable, never gone.
    */
   pidNs: number | null;
+  /**
+   * The pid namespace the process itself lives in (the inode of
+   * /proc/<pid>/ns/pid): pidNs for a process of the reader's namespace,
+   * another for one in a child namespace (`unshare --pid`, a container),
+   * whose token and argv prove nothing here. Where the link may not be
+   * followed (another uid, a process that is not dumpable), status's NSpid
+   * still tells the reader's own; null where it cannot be told, or for one
+   * of a child namespace seen that way.
+   */
+  processPidNs: number | null;
 }
 
 /** How a process ended. Both null: the kernel could not say (not our child, no PIDFD_INFO_EXIT). */

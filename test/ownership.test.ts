@@ -13,7 +13,7 @@ import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor, sweep } from '../src/index.js';
 import { judge, protectedPid, indexByToken } from '../src/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, killAndWait, MARKER, procStat, SIGNAL_LOGGER, waitFor } from './helpers/procs.js';
+import { hasUnshare, isGone, killAndWait, MARKER, procStat, SIGNAL_LOGGER, waitFor } from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -213,6 +213,76 @@ describe(`ownership rule (${backend.name})`, () => {
       await supervisor.close();
     }
   }, 30_000);
+
+  it.runIf(isRoot && hasUnshare())(
+    'recovery of an interrupted launch never adopts or signals an exact copy of its target in another pid namespace',
+    async () => {
+      ctx = await openSupervisor();
+      await ctx.supervisor.close();
+      const dir = join(ctx.root, 'crash');
+      mkdirSync(dir);
+      // A supervisor in another process, SIGKILLed while its launch waits for
+      // readiness (a starting manifest); its target is then ended too.
+      const script = `
+        const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
+        const { writeFileSync } = await import('node:fs');
+        const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(ctx.stateDir)}, onEvent: () => {} });
+        await supervisor.launch({ id: 'vm', command: ${JSON.stringify(PERL)},
+          args: (t) => ['-e', 'sleep 30', '--', t, ${JSON.stringify(MARKER)}],
+          ready: (inst) => { writeFileSync(${JSON.stringify(join(dir, 'launched'))}, JSON.stringify({ pid: inst.pid, token: inst.token })); return new Promise(() => {}); },
+          readyTimeoutMs: 60000 });`;
+      const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
+      strangers.push(holder);
+      const launched = await waitFor(
+        () => {
+          try {
+            return JSON.parse(readFileSync(join(dir, 'launched'), 'utf8')) as { pid: number; token: string };
+          } catch {
+            return null;
+          }
+        },
+        10_000,
+        'the launch to reach readiness',
+      );
+      holder.kill('SIGKILL');
+      await waitFor(() => holder.exitCode !== null || holder.signalCode !== null, 5000, 'the holder to die');
+      process.kill(launched.pid, 'SIGKILL');
+      await waitFor(() => isGone(launched.pid), 5000, 'the target to die');
+      // Root, the same program, the very argv, token included: only the namespace differs.
+      const copy = cpSpawn(
+        'unshare',
+        ['--pid', '--fork', '--kill-child', PERL, '-e', 'sleep 30', '--', launched.token, MARKER],
+        { stdio: 'ignore' },
+      );
+      strangers.push(copy);
+      const inner = await waitFor(
+        () => {
+          try {
+            return Number(readFileSync(`/proc/${copy.pid}/task/${copy.pid}/children`, 'utf8').trim()) || null;
+          } catch {
+            return null;
+          }
+        },
+        5000,
+        'the copy in its namespace',
+      );
+      await waitFor(() => inspect(inner).argv.includes(launched.token), 5000, 'the copy to exec');
+      const live = inspect(inner);
+      expect(live.pidNs).toBe(inspect(process.pid).pidNs);
+      expect(live.processPidNs).not.toBe(inspect(process.pid).processPidNs);
+      expect(live.processPidNs).not.toBeNull();
+      const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+      try {
+        expect(report.adopted).toEqual([]);
+        expect(report.cleaned).toEqual([expect.objectContaining({ id: 'vm', reason: 'gone' })]);
+        expect(isGone(inner)).toBe(false);
+        expect(inspect(inner).startTicks).toBe(live.startTicks);
+      } finally {
+        await supervisor.close();
+      }
+    },
+    30_000,
+  );
 
   it.runIf(backend.name === 'native')(
     'subreaper is reference-counted across supervisors and off again after the last close',

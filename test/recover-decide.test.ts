@@ -30,6 +30,7 @@ const identity: ProcessIdentity = {
   session: 4242,
   state: 'S',
   pidNs: null,
+  processPidNs: null,
 };
 const base = {
   version: 2,

@@ -8,8 +8,23 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { StatFields } from '../proc.js';
 
-/** [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, ...argv]; -1 for no exe / no kept pidfd. */
-export type AddonInspect = [string, number, number, number, number, number, string | null, number, number, ...string[]];
+/**
+ * [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, pidNs, ...argv]; -1 for no exe / no
+ * kept pidfd; pidNs is the inode of the namespace the process lives in, 0 for the /proc's own, -1 unknown.
+ */
+export type AddonInspect = [
+  string,
+  number,
+  number,
+  number,
+  number,
+  number,
+  string | null,
+  number,
+  number,
+  number,
+  ...string[],
+];
 
 export interface NativeAddon {
   close(fd: number): void;

@@ -13,7 +13,7 @@ import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { type ErrnoCode, errnoError, isErrnoCode, NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, ProcReads } from './procview.js';
+import { assertOwnProc, ownPidNs, ProcReads } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -67,6 +67,24 @@ function liveThread(dir: string, pid: number): { dir: string; state: string } | 
     }
   }
   return null;
+}
+
+/**
+ * The pid namespace a process lives in: the inode of its ns/pid link. The
+ * link takes ptrace read access (EACCES/EPERM for another uid's process or
+ * one that is not dumpable); there, status's NSpid lists one pid per
+ * namespace from that of the /proc read (ours: assertOwnProc) down to the
+ * process's own, so a single one means ours. null where it cannot be told.
+ */
+function readPidNs(dir: string, status: string): number | null {
+  try {
+    return statSync(`${dir}/ns/pid`).ino;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== 'EACCES' && code !== 'EPERM' && code !== 'ENOENT') throw err;
+  }
+  const line = /^NSpid:(.*)$/m.exec(status);
+  return line?.[1]?.trim().split(/\s+/).length === 1 ? ownPidNs() : null;
 }
 
 /** The executable's dev/ino; null for a kernel thread (ENOENT) or one we may not look at (EACCES, EPERM). */
@@ -371,6 +389,7 @@ export class JsBackend extends ProcReads implements Backend {
       const status = readProc(`${dir}/status`, pid).toString('latin1');
       const tgid = parseStatusField(status, 'Tgid');
       if (tgid !== pid) throw new NotAProcessError(pid, tgid);
+      const processPidNs = readPidNs(src, status);
       const again = readProc(`${src}/cmdline`, pid);
       const stat2 = readStat(`${dir}/stat`, pid);
       if (stat2.startTicks !== stat.startTicks) throw esrch(pid, 'read');
@@ -384,6 +403,7 @@ export class JsBackend extends ProcReads implements Backend {
         uid: parseStatusUid(status),
         exe,
         pidfsId: null,
+        processPidNs,
       };
     }
     throw errnoError('EAGAIN', 'read', undefined, `pid ${pid} kept exec'ing during ${EXEC_RETRIES} reads`);

@@ -11,7 +11,7 @@ import { NotAProcessError } from '../errors.js';
 import { parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
 import { backoff } from '../timing.js';
-import { assertOwnProc, ProcReads } from './procview.js';
+import { assertOwnProc, ownPidNs, ProcReads } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type {
@@ -348,7 +348,9 @@ function fromAddon(r: AddonInspect): RawIdentity {
     exe: r[4] < 0 ? null : { dev: r[4], ino: r[5] },
     pidfsId: r[6],
     session: r[8],
-    argv: r.slice(9) as string[],
+    // 0: the /proc's own namespace, whose inode the addon did not read (the reader's: assertOwnProc).
+    processPidNs: r[9] > 0 ? r[9] : r[9] === 0 ? ownPidNs() : null,
+    argv: r.slice(10) as string[],
   };
 }
 

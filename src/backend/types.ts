@@ -18,6 +18,8 @@ export interface RawIdentity {
   uid: number;
   exe: { dev: number; ino: number } | null;
   pidfsId: string | null;
+  /** The pid namespace the process lives in (see ProcessIdentity.processPidNs). */
+  processPidNs: number | null;
 }
 
 /** One row of a process-table scan. Not proof of anything: a candidate to inspect. */

@@ -266,7 +266,9 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   if (info.Length() < 9 || !info[0].IsString()) {
     throw Napi::TypeError::New(env, "spawn(file, argv, envp, cwd, stdin, stdout, stderr, flags, cgroupProcs)");
   }
-  std::string file = info[0].As<Napi::String>().Utf8Value();
+  // Paths are bytes as argv is: a string's escaped bytes (U+DC80..U+DCFF)
+  // name the file they stand for, never the U+FFFD file Utf8Value would.
+  std::string file = EncodeBytes(info[0], "file");
   std::vector<std::string> argv_s = StringList(env, info[1], "argv");
   // null envp: the child gets this process's environ, which Node keeps in
   // step with process.env (setenv/unsetenv), without copying it through
@@ -275,7 +277,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   std::vector<std::string> envp_s = inherit_env ? std::vector<std::string>() : StringList(env, info[2], "envp");
   std::string cwd;
   bool has_cwd = info[3].IsString();
-  if (has_cwd) cwd = info[3].As<Napi::String>().Utf8Value();
+  if (has_cwd) cwd = EncodeBytes(info[3], "cwd");
   std::vector<char*> argv = CPointers(argv_s);
   std::vector<char*> envp = CPointers(envp_s);
 

@@ -75,6 +75,15 @@ export function hasEscapedBytes(s: string): boolean {
   return /(?<![\ud800-\udbff])[\udc80-\udcff]/.test(s);
 }
 
+/**
+ * A path as node:fs should be given it: the string itself, or its bytes where
+ * it holds escaped ones (fs would encode a lone surrogate as U+FFFD and name
+ * another file).
+ */
+export function fsPath(s: string): string | Buffer {
+  return hasEscapedBytes(s) ? encodeArg(s) : s;
+}
+
 /** custody's string form back to its bytes (the inverse of decodeArg). Throws RangeError for a string that is not one. */
 export function encodeArg(s: string): Buffer {
   // Checked first: Buffer.from would quietly turn a stray surrogate into U+FFFD, another byte string.

@@ -2,6 +2,7 @@
  * ProcessHandle: one process, pinned. open() pins an existing process after
  * proving it is the expected one; spawn() pins a new child from birth.
  */
+import { fsPath } from './bytes.js';
 import { accessSync, closeSync, constants as fsConstants, statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
@@ -164,9 +165,9 @@ export function resolveExecutable(command: string, env: Record<string, string | 
   const errno = (code: 'ENOENT' | 'EACCES', p: string) => errnoError(code, 'spawn', p);
   const check = (p: string): string | 'ENOENT' | 'EACCES' => {
     try {
-      const st = statSync(p);
+      const st = statSync(fsPath(p));
       if (!st.isFile()) return 'EACCES';
-      accessSync(p, fsConstants.X_OK);
+      accessSync(fsPath(p), fsConstants.X_OK);
       return p;
     } catch (err) {
       return (err as NodeJS.ErrnoException).code === 'EACCES' ? 'EACCES' : 'ENOENT';

@@ -18,11 +18,12 @@
  * cgroup of this supervisor's that no manifest names is removed when empty,
  * and reported (never signalled) when something runs in it.
  */
+import { fsPath } from './bytes.js';
 import { statSync } from 'node:fs';
 import { backend, capabilities } from './backend/index.js';
 import type { ProcEntry } from './backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from './cgroup.js';
-import { BadManifestError } from './errors.js';
+import { BadManifestError, BadPidfileError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
@@ -103,7 +104,7 @@ function pin(pid: number): Pinned | null {
 function fileId(path: string | null, env: NodeJS.ProcessEnv = process.env): DevIno | null {
   if (!path) return null;
   try {
-    const st = statSync(path.includes('/') ? path : resolveExecutable(path, env));
+    const st = statSync(fsPath(path.includes('/') ? path : resolveExecutable(path, env)));
     return { dev: st.dev, ino: st.ino };
   } catch {
     return null;

@@ -51,7 +51,7 @@ import { describeExit } from './exit.js';
 import { UNKNOWN_EXIT } from './signals.js';
 import { assertOwnProc } from './backend/procview.js';
 import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
-import { displayArg } from './bytes.js';
+import { displayArg, fsPath } from './bytes.js';
 import type { Capabilities, ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus } from './types.js';
@@ -516,7 +516,7 @@ export class Supervisor {
     if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);
     if (pidFile) paths.push(pidFile);
     const executable = spec.executable
-      ? statSync(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd))
+      ? statSync(fsPath(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd)))
       : null;
     const now = new Date().toISOString();
     const manifest: StartingManifest = {

@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { packageRoot } from '../src/backend/addon.js';
 import { backend } from '../src/backend/index.js';
 import { decodeArg, displayArg, encodeArg } from '../src/bytes.js';
-import { inspect, open, Supervisor, sweep, verify, type ProcessIdentity } from '../src/index.js';
+import { inspect, open, spawn, Supervisor, sweep, verify, type ProcessIdentity } from '../src/index.js';
 import { compileC, copyAs } from './helpers/cprog.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 import { exited, killAndWait, procStat, tmpDir, waitFor } from './helpers/procs.js';
@@ -342,6 +342,46 @@ describe(`argv is bytes (${backend.name})`, () => {
       });
     } finally {
       await Promise.all(kids.map(killAndWait));
+    }
+  });
+});
+
+describe(`paths are bytes (${backend.name})`, () => {
+  it('a command or cwd with an escaped byte names that file, never its U+FFFD twin; js refuses it with a code', async () => {
+    const dir = tmpDir();
+    try {
+      // Two scripts and two dirs whose names differ only as 0xff against U+FFFD (EF BF BD).
+      const raw = (name: Buffer) => Buffer.concat([Buffer.from(`${dir.path}/`), name]);
+      const ff = Buffer.from([0x78, 0xff]);
+      const fffd = Buffer.from('x\ufffd', 'utf8');
+      for (const [name, says] of [
+        [ff, 'ff'],
+        [fffd, 'fffd'],
+      ] as const) {
+        writeFileSync(
+          raw(name),
+          `#!/bin/sh\necho ${says} "$(printf %s "$(pwd)" | od -An -tx1 | tr -d ' \\n' | tail -c 4)"\n`,
+          { mode: 0o755 },
+        );
+        mkdirSync(raw(Buffer.concat([Buffer.from('d'), name])));
+      }
+      const command = `${dir.path}/x\udcff`;
+      const cwd = `${dir.path}/dx\udcff`;
+      const run = () => spawn(command, [], { cwd, stdio: ['ignore', 'pipe', 'ignore'] });
+      if (backend.name === 'js') {
+        expect(run).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_UNSUPPORTED' }));
+        return;
+      }
+      const h = run();
+      let out = '';
+      h.stdout!.on('data', (d: Buffer) => (out += d));
+      await h.exited;
+      await waitFor(() => (out.includes('\n') ? out : null), 5000, 'the output');
+      // The 0xff script ran, in the 0xff dir (its cwd's last byte, in hex).
+      expect(out.trim()).toBe('ff 78ff');
+      h.close();
+    } finally {
+      dir.cleanup();
     }
   });
 });

@@ -514,9 +514,14 @@ export class JsBackend extends ProcReads implements Backend {
   spawn(req: SpawnRequest): SpawnedChild {
     // child_process encodes every argument as UTF-8: an escaped byte would
     // reach the program as U+FFFD. Refuse rather than exec something else.
-    if (req.argv.some(hasEscapedBytes) || (req.file !== undefined && hasEscapedBytes(req.file))) {
+    if (
+      req.argv.some(hasEscapedBytes) ||
+      (req.file !== undefined && hasEscapedBytes(req.file)) ||
+      (req.cwd !== undefined && hasEscapedBytes(req.cwd)) ||
+      req.env?.some(hasEscapedBytes)
+    ) {
       throw new UnsupportedError(
-        'the js backend cannot pass an argv that is not UTF-8 (child_process encodes it); use the native backend',
+        'the js backend cannot pass an argv, path or environment that is not UTF-8 (child_process encodes it); use the native backend',
       );
     }
     const env =

@@ -307,6 +307,8 @@ export interface StartingFacts {
   timedOut?: boolean;
   /** Whether the launch's own carriers (outside a cgroup) have been ended. */
   ended?: boolean;
+  /** Whether the pidfile, the one thing that names a pidfile launch's target, was refused (a FIFO, a symlink, not a pid). */
+  pidfileRefused?: boolean;
   /** Candidates whose environment may not be read. */
   unreadable: number;
 }
@@ -335,6 +337,7 @@ export function decideStarting(f: StartingFacts): StartingStep {
     if (f.carriers === 0) return { do: 'clean', reason: 'gone', graceMs: LEFTOVER_GRACE_MS };
     return quarantined('unprovable', 'executable', true);
   }
+  if (f.pidfileRefused) return quarantined('unprovable', 'pidfile', true);
   if (f.found === undefined) return { do: 'look' };
   if (f.found) return { do: 'adopt', why: 'starting', rewrite: true };
   if ((f.waitable ?? 0) > 0 && !f.timedOut) return { do: 'wait' };
@@ -439,6 +442,11 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     const unreadable = env.unreadable.filter((p) => mayCarryEnvToken(p.argv, launched, m.executable)).map((p) => p.pid);
     return [...(env.byToken.get(m.token) ?? []), ...unreadable];
   };
+
+  // One confirm bound for every interrupted launch, from the first one looked at: all were
+  // interrupted by the same crash, and a bystander carrying each token (anyone may read one
+  // in /proc) would otherwise hold open() for a bound per manifest.
+  let startingDeadline: number | undefined;
 
   // Per interrupted env-mode launch: the candidates whose environment may not be read.
   const unreadableEnv = new Map<string, Set<number>>();
@@ -706,8 +714,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       cgroup: c === 'gone' ? 'gone' : c ? 'same' : 'none',
       unreadable: 0,
     };
-    const deadline = Date.now() + STARTING_CONFIRM_MS;
-    const waits = backoff({ firstMs: 5, maxMs: 100, deadline });
+    startingDeadline ??= Date.now() + STARTING_CONFIRM_MS;
+    const waits = backoff({ firstMs: 5, maxMs: 100, deadline: startingDeadline });
     await waits.next();
     // With a cgroup the candidates are its members: a token carrier outside it is a bystander, never one.
     let candidates: number[] | null = null;
@@ -722,7 +730,14 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
             break;
           case 'look': {
             const looked: number[] = candidates ?? (inside ? inside.procs() : await carriersOf(m));
-            chosen = await findTarget(m, target, looked, inside !== null);
+            try {
+              chosen = await findTarget(m, target, looked, inside !== null);
+            } catch (err) {
+              // Launch would have failed on it; recovery cannot tell what it named: kept, never signalled.
+              if (!(err instanceof BadPidfileError)) throw err;
+              f.pidfileRefused = true;
+              break;
+            }
             f.found = chosen !== null;
             if (chosen) break;
             if (inside) {
@@ -735,7 +750,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
               // An environment that may not be read stays so: waiting cannot prove those.
               f.waitable = live.filter((pid) => !unreadableOf(m).has(pid)).length;
             }
-            f.timedOut = Date.now() >= deadline;
+            f.timedOut = Date.now() >= startingDeadline;
             break;
           }
           case 'wait':

@@ -925,10 +925,33 @@ export class Supervisor {
     const tracked = pinned.map((p) => p.handle.pid);
     // Whatever is in an instance's cgroup is that instance's, whatever its argv says: never an orphan.
     const members = pinned.flatMap((p) => p.cgroup?.procs() ?? []);
-    const exclude = new Set([...(options.exclude ?? []), ...tracked, ...members]);
+    const exclude = new Set([...(options.exclude ?? []), ...tracked, ...members, ...this.#unsettledPids()]);
     const result = await sweep({ ...options, exclude });
     this.#reportSweep(options, result);
     return result;
+  }
+
+  /**
+   * The pids quarantined and deferred instances record: never signalled,
+   * by a sweep neither (it may be the instance's process, or a stranger
+   * that took its pid: sparing either is safe). A deferred record keeps no
+   * manifest; it is read again, and one that cannot be read names nothing.
+   */
+  #unsettledPids(): number[] {
+    const out: number[] = [];
+    for (const [id, t] of this.#table) {
+      let m: Manifest | null = null;
+      if (t.status === 'quarantined') m = t.manifest;
+      else if (t.status === 'deferred') {
+        try {
+          m = this.#store.read(id);
+        } catch {
+          m = null;
+        }
+      }
+      if (m?.identity) out.push(m.identity.pid);
+    }
+    return out;
   }
 
   #reportSweep(options: SweepOptions, r: SweepResult): void {

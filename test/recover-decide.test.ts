@@ -228,6 +228,11 @@ describe('decideStarting', () => {
       { pidSource: 'function', carriers: 2 },
       { do: 'quarantine', reason: 'unprovable', field: 'executable' },
     ],
+    [
+      'a refused pidfile: kept, never signalled, whatever else is found',
+      { pidSource: 'file', pidfileRefused: true, found: false, waitable: 1 },
+      { do: 'quarantine', reason: 'unprovable', field: 'pidfile', persist: true },
+    ],
     ['first a look for the target', {}, { do: 'look' }],
     ['found: adopted as running', { found: true }, { do: 'adopt', why: 'starting' }],
     ['not yet, candidates left: wait', { found: false, waitable: 1, timedOut: false }, { do: 'wait' }],

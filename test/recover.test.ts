@@ -1,10 +1,12 @@
-import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { type ChildProcess, spawn as cpSpawn, execFile, execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
-import { Supervisor, type CustodyEvent } from '../src/index.js';
+import { inspect, Supervisor, type CustodyEvent } from '../src/index.js';
+import { STARTING_CONFIRM_MS } from '../src/recover.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 import { hasUnshare, isGone, isRoot, loggedSignals, MARKER, SIGNAL_LOGGER, tmpDir, waitFor } from './helpers/procs.js';
 import { FIXTURES, LAUNCHER, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
@@ -200,6 +202,11 @@ describe(`recovery (${backend.name})`, () => {
       },
     ]);
     expect(loggedSignals(s.log)).toEqual([]);
+    // Nor does a sweep by its exact live argv signal it.
+    const swept = await supervisor.sweep({ argv: inspect(s.pids.unprovable!).argv, graceMs: 100 });
+    expect(swept.matched).toEqual([]);
+    expect(isGone(s.pids.unprovable!)).toBe(false);
+    expect(loggedSignals(s.log)).toEqual([]);
   });
 
   it('quarantines unreadable or unknown-version manifests, keeps the files, and recovers the rest', async () => {
@@ -219,6 +226,87 @@ describe(`recovery (${backend.name})`, () => {
     expect(readFileSync(join(s.stateDir, 'garbled', 'manifest.json'), 'utf8')).toBe('{ not json');
     expect(existsSync(join(s.stateDir, 'future', 'manifest.json'))).toBe(true);
   });
+
+  it('quarantines an interrupted pidfile launch whose pidfile is a FIFO, a symlink or no pid, and recovers the rest', async () => {
+    const s = await launchedThenClosed(['a']);
+    const m = s.read('a');
+    const bad: Record<string, (path: string) => void> = {
+      fifo: (path) => execFileSync('mkfifo', [path]),
+      symlink: (path) => symlinkSync('/etc/passwd', path),
+      text: (path) => writeFileSync(path, 'hello\n'),
+      pid1: (path) => writeFileSync(path, '1\n'),
+    };
+    for (const [kind, make] of Object.entries(bad)) {
+      const id = `pf-${kind}`;
+      const pidFile = join(s.root, `${id}.pid`);
+      make(pidFile);
+      mkdirSync(join(s.stateDir, id), { mode: 0o700 });
+      const token = randomBytes(16).toString('hex');
+      s.write(id, {
+        ...m,
+        id,
+        token,
+        state: 'starting',
+        identity: null,
+        pidSource: 'file',
+        pidFile,
+        args: m.args.map((a: string) => (a === m.token ? token : a)),
+      });
+    }
+    const { report, supervisor } = await s.reopen();
+    expect(report.adopted).toEqual([{ id: 'a', pid: s.pids.a! }]);
+    expect(report.quarantined.map((q) => [q.id, q.reason, q.field]).sort()).toEqual(
+      Object.keys(bad)
+        .map((k) => [`pf-${k}`, 'unprovable', 'pidfile'])
+        .sort(),
+    );
+    expect(report.cleaned).toEqual([]);
+    // Kept for an operator to look at, not signalled; the next open says the same.
+    for (const k of Object.keys(bad)) expect(existsSync(s.manifestPath(`pf-${k}`))).toBe(true);
+    await supervisor.close();
+    const again = await s.reopen();
+    expect(again.report.quarantined).toHaveLength(Object.keys(bad).length);
+  });
+
+  it.runIf(isRoot())(
+    'interrupted launches whose tokens another uid carries share one confirm bound, and no carrier is signalled',
+    async () => {
+      const s = await launchedThenClosed(['a']);
+      const m = s.read('a');
+      const carriers: ChildProcess[] = [];
+      cleanups.push(async () => {
+        for (const c of carriers) c.kill('SIGKILL');
+        await waitFor(() => carriers.every((c) => c.exitCode !== null || c.signalCode !== null), 5000, 'carriers');
+      });
+      const count = 4;
+      for (let i = 0; i < count; i++) {
+        const id = `s${i}`;
+        const token = randomBytes(16).toString('hex');
+        mkdirSync(join(s.stateDir, id), { mode: 0o700 });
+        const args = m.args.map((a: string) => (a === m.token ? token : a));
+        s.write(id, { ...m, id, token, state: 'starting', identity: null, args });
+        // Anyone can read a token in /proc/*/cmdline and run the very argv under their own uid.
+        carriers.push(
+          cpSpawn(
+            'setpriv',
+            ['--reuid=65534', '--regid=65534', '--clear-groups', PERL, '-e', 'sleep 30', '--', token, MARKER],
+            {
+              stdio: 'ignore',
+            },
+          ),
+        );
+      }
+      await waitFor(() => carriers.every((c) => c.pid && inspect(c.pid).argv[0] === PERL), 5000, 'carriers to exec');
+      const t0 = Date.now();
+      const { report } = await s.reopen();
+      const took = Date.now() - t0;
+      expect(report.cleaned.map((c) => c.id).sort()).toEqual(['s0', 's1', 's2', 's3']);
+      // One bound in all (a bound each was 4 of them); the margin is for a loaded machine.
+      expect(took).toBeLessThan(STARTING_CONFIRM_MS * 2);
+      for (const c of carriers) expect(isGone(c.pid!)).toBe(false);
+    },
+    30_000,
+  );
 
   it('release() clears a quarantine, emits an event, and leaves the process running and unsignalled', async () => {
     const s = await launchedThenClosed(['q']);

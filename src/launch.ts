@@ -37,7 +37,7 @@ import {
   type TokenMode,
 } from './ownership.js';
 import { terminate } from './terminate.js';
-import { terminateCgroup, terminateMembers } from './tree.js';
+import { sessionHeld, terminateCgroup, terminateMembers } from './tree.js';
 import { backoff, TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { describe, pidMax } from './validate.js';
@@ -681,6 +681,8 @@ async function endTree(
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
   const claim = claimOf(a);
+  // The launcher that made it may have exited and been reaped already: its session counts only while held.
+  const session = a.session !== null && sessionHeld(a.session, roots) ? a.session : null;
   const launched = [a.command, ...a.argv];
   // Env mode: the token is in environments, read only of processes whose argv fits the launch.
   const candidate = (argv: string[]) =>
@@ -697,7 +699,7 @@ async function endTree(
       }
       // Re-checked under the pin: the scan alone proves nothing.
       const live = toIdentity(p.pid, pinned.raw, backend.bootId());
-      const verdict = judge(claim, live, { pids: rootPids, session: a.session }, false, environOf(pinned.ref));
+      const verdict = judge(claim, live, { pids: rootPids, session }, false, environOf(pinned.ref));
       if (verdict.ours) {
         extra.push(new ProcessHandle(pinned.ref, { identity: live }));
         continue;
@@ -714,7 +716,7 @@ async function endTree(
         });
     }
     const { members } = await terminateMembers([...roots, ...extra], {
-      session: a.session,
+      session,
       graceMs,
       reapIfChild: true,
       onEscalate,

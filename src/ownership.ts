@@ -15,7 +15,8 @@
  * 2. descent: its parent, read under its own pin, is a proven member, or it
  *    is in the session custody created for the instance (a session id stays
  *    taken while any member of the session lives, so no stranger can be in
- *    it): an instance's children carry no token;
+ *    it; callers pass the session only while a pinned member is in it, see
+ *    sessionHeld in src/tree.ts): an instance's children carry no token;
  * 3. otherwise the token AND the expected program (the executable's
  *    dev/inode, or the exact argv) AND our uid (or the one the launch
  *    declared) AND our pid namespace, and never the launcher's own program.

@@ -39,6 +39,24 @@ function pinMember(pid: number, members: Members, reapIfChild: boolean): Process
 }
 
 /**
+ * Whether a session custody created is still the instance's: a pinned
+ * member lives in it now. A session id stays taken while any process is in
+ * it, and no process can enter a session it left, so a member in it now
+ * proves the session was never free since it was made. Once every process
+ * left it (a daemon's own setsid, its launcher gone), the id is free and a
+ * stranger that later gets that pid and calls setsid leads a session of the
+ * same number: recorded at confirm, it proves nothing after.
+ */
+export function sessionHeld(session: number, pinned: ProcessHandle[]): boolean {
+  return pinned.some((m) => {
+    if (m.hasExited) return false;
+    const st = backend.stat(m.pid);
+    // Alive after the read: the stat was the pinned process's, not a later owner's of the pid.
+    return st !== null && st.session === session && m.isAlive();
+  });
+}
+
+/**
  * Every descendant of a process, each pinned by a pidfd and proven, under
  * its pin, to be the child of the member it was found under. Callers own
  * the handles (close them).
@@ -76,6 +94,8 @@ class MemberSet {
   readonly all = new Map<number, ProcessHandle>();
   readonly #own = new Set<ProcessHandle>();
   readonly #session: number | null;
+  /** Whether a member was seen in the session during this stop (sessionHeld): only then is it counted. */
+  #sessionProven = false;
   readonly #reap: boolean;
 
   constructor(roots: ProcessHandle[], options: MembersOptions) {
@@ -99,9 +119,11 @@ class MemberSet {
     for (let pass = 0; pass < 64; pass++) {
       const before = added;
       const live = [...this.all.values()].filter((m) => !m.hasExited);
-      const members: Members = { pids: new Set(live.map((m) => m.pid)), session: this.#session };
+      if (this.#session !== null && !this.#sessionProven) this.#sessionProven = sessionHeld(this.#session, live);
+      const session = this.#sessionProven ? this.#session : null;
+      const members: Members = { pids: new Set(live.map((m) => m.pid)), session };
       const found = live.flatMap((m) => backend.children(m.pid));
-      if (full && this.#session !== null) found.push(...(await backend.sessionMembers(this.#session)));
+      if (full && session !== null) found.push(...(await backend.sessionMembers(session)));
       for (const pid of found) {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);

@@ -5,7 +5,8 @@
  * brood, a launcher's fork before exec.
  */
 import { spawn as cpSpawn, type ChildProcess, execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../src/backend/addon.js';
@@ -14,7 +15,7 @@ import { inspect, Supervisor, sweep } from '../src/index.js';
 import { judge, protectedPid, indexByToken } from '../src/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { hasUnshare, isGone, killAndWait, MARKER, procStat, SIGNAL_LOGGER, waitFor } from './helpers/procs.js';
-import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
+import { FIXTURES, openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -282,6 +283,38 @@ describe(`ownership rule (${backend.name})`, () => {
       }
     },
     30_000,
+  );
+
+  it.runIf(isRoot && hasUnshare())(
+    'a session the target has left counts for nothing: a stranger that later leads one of its number is never signalled',
+    async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'custody-session-'));
+      try {
+        const stdout = execFileSync(
+          'unshare',
+          [
+            '--pid',
+            '--fork',
+            '--kill-child',
+            '--mount-proc',
+            process.execPath,
+            join(FIXTURES, 'session-reuse.mjs'),
+            join(dir, 'run'),
+            PYTHON,
+          ],
+          { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 60_000, encoding: 'utf8' },
+        );
+        const r = JSON.parse(stdout.trim().split('\n').pop()!);
+        expect(r.errors).toEqual([]);
+        // The staging held: confirmed in the launcher's session, which it then left, whose number a stranger took.
+        expect(r).toMatchObject({ confirmedInIt: true, daemonLeft: true, strangerPlaced: true });
+        expect(r.strangerLog).toEqual([`sid ${r.recordedSession}`]);
+        expect(r).toMatchObject({ stop: 'exited', daemonGone: true, strangerAlive: true });
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    },
+    90_000,
   );
 
   it.runIf(backend.name === 'native')(

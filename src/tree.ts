@@ -23,6 +23,9 @@ import { backoff, sleep, TIMED_OUT, within } from './timing.js';
 import { endedResult, terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
 import { assertPid } from './validate.js';
 
+/** The least a session scan is waited for (a busy table's scan takes tens of ms): a stop may run this much over its bounds per full scan. */
+const SESSION_SCAN_MIN_MS = 500;
+
 /** Pins pid if it is still a member (re-checked under the pin), else null. */
 function pinMember(pid: number, members: Members, reapIfChild: boolean): ProcessHandle | null {
   if (protectedPid(pid)) return null;
@@ -113,8 +116,13 @@ class MemberSet {
    * Finds members not yet pinned: children of live members, and with
    * `full`, the session's members too (re-parented away from a killed
    * parent). Repeats while a pass finds some (bounded); returns how many.
+   * The session's scan runs on the threadpool, which anything else in the
+   * process may hold (four reads of a FIFO with no writer fill it): it is
+   * waited for at most `scanMs`, and skipped for this pass after, so a stop
+   * keeps its bounds and its AbortSignal. (The children are read
+   * synchronously.)
    */
-  async grow(full: boolean): Promise<number> {
+  async grow(full: boolean, scanMs = Number.POSITIVE_INFINITY, signal?: AbortSignal): Promise<number> {
     let added = 0;
     for (let pass = 0; pass < 64; pass++) {
       const before = added;
@@ -123,7 +131,10 @@ class MemberSet {
       const session = this.#sessionProven ? this.#session : null;
       const members: Members = { pids: new Set(live.map((m) => m.pid)), session };
       const found = live.flatMap((m) => backend.children(m.pid));
-      if (full && session !== null) found.push(...(await backend.sessionMembers(session)));
+      if (full && session !== null) {
+        const scan = await within(backend.sessionMembers(session), scanMs, signal, true);
+        if (scan !== TIMED_OUT) found.push(...scan);
+      }
       for (const pid of found) {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);
@@ -186,26 +197,30 @@ export async function terminateMembers(
   try {
     // A full scan (the session) before TERM, at escalation and after each
     // KILL; between them only children, which are cheap to list.
-    await set.grow(true);
+    // What a session scan may take: the time left, but never less than a
+    // scan of a busy table needs, nor, before TERM, more than that.
+    const scanMs = (until: number) => Math.max(SESSION_SCAN_MIN_MS, until - Date.now());
+    await set.grow(true, SESSION_SCAN_MIN_MS, options.signal);
     set.signal(term);
+    // The grace is the time after SIGTERM.
     const deadline = Date.now() + graceMs;
     let escalated = false;
     for (;;) {
       const r = await within(set.allGone(), Math.min(50, Math.max(0, deadline - Date.now())), options.signal);
       // All gone, or a tick: look for members forked meanwhile. Once all are gone, the session too: a
       // child forked just before its parent died is re-parented away, but stays in the session.
-      const added = await set.grow(r !== TIMED_OUT);
+      const added = await set.grow(r !== TIMED_OUT, scanMs(deadline), options.signal);
       if (r !== TIMED_OUT && added === 0) break;
       if (added > 0) set.signal(term);
       if (Date.now() < deadline) continue;
       options.onEscalate?.({ pid: roots[0]?.pid ?? 0, graceMs });
       escalated = true;
       const killDeadline = Date.now() + killWaitMs;
-      await set.grow(true);
+      await set.grow(true, scanMs(killDeadline), options.signal);
       for (;;) {
         set.signal(kill);
         const k = await within(set.allGone(), Math.min(20, Math.max(0, killDeadline - Date.now())), options.signal);
-        const more = await set.grow(k !== TIMED_OUT);
+        const more = await set.grow(k !== TIMED_OUT, scanMs(killDeadline), options.signal);
         if (k !== TIMED_OUT && more === 0) break;
         if (Date.now() >= killDeadline) {
           const [alive] = set.alive();

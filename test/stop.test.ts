@@ -1,6 +1,8 @@
 // Stop semantics: an abort forces, never half-stops; a non-child's stop
 // returns once it is gone, not once its status is known.
-import { existsSync, readFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { closeSync, existsSync, constants as fsc, openSync, readFileSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
@@ -43,6 +45,45 @@ const abortAfter = (ms: number) => {
   setTimeout(() => ac.abort(new Error('the caller gave up')), ms);
   return ac.signal;
 };
+
+describe(`a stop on a busy threadpool (${backend.name})`, () => {
+  it('signals within its bounds while other work holds every threadpool thread', async () => {
+    ctx = await openSupervisor();
+    const socket = join(ctx.root, 'vm.sock');
+    const log = join(ctx.root, 'vm.signals');
+    const inst = await ctx.supervisor.launch({
+      id: 'vm',
+      command: PYTHON,
+      args: (t) => vmArgs(socket, t, ['--signal-log', log]),
+      ready: { socket },
+    });
+    // A read of a FIFO with no writer holds a threadpool thread until one opens it: as many as there are threads.
+    const threads = Number(process.env.UV_THREADPOOL_SIZE) || 4;
+    const fifos = Array.from({ length: threads }, (_, i) => join(ctx.root, `fifo-${i}`));
+    for (const f of fifos) execFileSync('mkfifo', [f]);
+    const held = fifos.map((f) => readFile(f).catch(() => null));
+    const release = () => {
+      for (const f of fifos) {
+        try {
+          closeSync(openSync(f, fsc.O_WRONLY | fsc.O_NONBLOCK));
+        } catch {
+          // its reader is gone already
+        }
+      }
+    };
+    try {
+      const stopped = ctx.supervisor.stop('vm', { graceMs: 300 });
+      // The tree's session scan waits for the pool; the signals must not.
+      await waitFor(() => loggedSignals(log).includes('SIGTERM'), 3000, 'SIGTERM to reach the VM');
+      await waitFor(() => isGone(inst.pid), 3000, 'the VM to end');
+      release();
+      expect(await stopped).toMatchObject({ outcome: 'exited', escalated: false });
+    } finally {
+      release();
+      await Promise.all(held);
+    }
+  });
+});
 
 describe(`an aborted stop forces the stop (${backend.name})`, () => {
   it('aborted mid-grace: SIGKILL, proven gone, state and socket removed, then AbortError', async () => {

@@ -10,8 +10,23 @@ export function callHook<A extends unknown[], T>(
   ...args: A
 ): Promise<Awaited<T>> {
   try {
-    return Promise.resolve(fn(...args)) as Promise<Awaited<T>>;
+    return (Promise.resolve(fn(...args)) as Promise<Awaited<T>>).then(undefined, (err: unknown) =>
+      Promise.reject(asError(err)),
+    );
   } catch (err) {
-    return Promise.reject(err);
+    return Promise.reject(asError(err));
   }
+}
+
+/**
+ * A hook may throw or reject with anything (`reject(null)`, a string); what
+ * custody passes on, reports in events and keeps as a deferral's cause is an
+ * Error, the value its cause.
+ */
+function asError(value: unknown): Error {
+  if (value instanceof Error) return value;
+  return new Error(
+    `a hook failed with ${value === null ? 'null' : typeof value === 'string' ? JSON.stringify(value) : String(value)}`,
+    { cause: value },
+  );
 }

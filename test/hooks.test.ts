@@ -36,6 +36,34 @@ describe('callHook', () => {
     };
     await expect(callHook(() => thenable)).rejects.toThrow('then');
   });
+
+  it('a hook that fails with something other than an Error fails with an Error whose cause it is', async () => {
+    for (const value of [null, undefined, 'no', 7]) {
+      const thrown = callHook(() => {
+        throw value;
+      });
+      await expect(thrown).rejects.toBeInstanceOf(Error);
+      await expect(thrown).rejects.toMatchObject({ cause: value });
+      await expect(callHook(() => Promise.reject(value))).rejects.toMatchObject({ cause: value });
+    }
+  });
+});
+
+describe(`a ready check that rejects with null (${backend.name})`, () => {
+  it('abandons the launch as any failure does: an Error, an abandon event, nothing left', async () => {
+    const events: string[] = [];
+    ctx = await openSupervisor({ onEvent: (e: { type: string }) => events.push(e.type) });
+    const launch = ctx.supervisor.launch({
+      id: 'n',
+      command: PERL,
+      args: (t) => ['-e', 'sleep 30', '--', t, MARKER],
+      ready: () => Promise.reject(null),
+    });
+    await expect(launch).rejects.toMatchObject({ message: 'a hook failed with null', cause: null });
+    expect(events).toContain('abandon');
+    expect(ctx.supervisor.list()).toEqual([]);
+    expect(processesWithMarker(MARKER)).toEqual([]);
+  });
 });
 
 describe(`sync hooks (${backend.name})`, () => {

@@ -163,4 +163,31 @@ describe('a program spawned by an agent whose wrapper left it a lock and a pipe 
     );
     expect(JSON.parse(out)).toEqual({ code: 0, signal: null });
   });
+
+  it('a spawn without fds to spare fails with EMFILE, never as a missing program', () => {
+    // The native spawn needs one fd (the pidfd): none spare. The js one, given
+    // one spare, has too few for the child's stdio, and child_process says so
+    // only on the next tick, the program unnamed.
+    const spare = backend.name === 'js' ? 1 : 0;
+    const agent = `
+      import { openSync, closeSync } from 'node:fs';
+      import { spawn } from ${JSON.stringify(DIST)};
+      const hog = [];
+      try { for (let i = 0; i < 100000; i++) hog.push(openSync('/dev/null', 'r')); } catch {}
+      for (let i = 0; i < ${spare}; i++) closeSync(hog.pop());
+      let code = 'spawned';
+      try { spawn('/bin/true', [], { stdio: 'ignore' }); } catch (err) { code = err.code; }
+      for (const fd of hog) closeSync(fd);
+      process.stdout.write(code);`;
+    const out = execFileSync(
+      'bash',
+      ['-c', 'ulimit -n 256 && exec "$0" --input-type=module -e "$1"', process.execPath, agent],
+      {
+        env: { ...process.env, CUSTODY_BACKEND: backend.name },
+        encoding: 'utf8',
+        timeout: 30_000,
+      },
+    );
+    expect(out).toBe('EMFILE');
+  });
 });

@@ -680,6 +680,19 @@ function spawnFailure(child: ChildProcess, file: string): Error {
   // Node sets `pid` undefined and emits 'error' on the next tick; the errno is
   // in the spawn result's internal error, which we re-derive from the file.
   child.on('error', () => {});
+  // child_process returns before it sets up stdio only when it ran out of
+  // fds (EMFILE, ENFILE): the program may well exist. Which of the two, an
+  // open of our own says; EMFILE where that works again.
+  if (child.stdio === undefined) {
+    let code: ErrnoCode = 'EMFILE';
+    try {
+      closeSync(openSync('/dev/null', 'r'));
+    } catch (err) {
+      const c = (err as NodeJS.ErrnoException).code;
+      if (c === 'ENFILE') code = c;
+    }
+    return errnoError(code, 'spawn', file);
+  }
   let code: ErrnoCode = 'ENOENT';
   try {
     const st = statSync(file);

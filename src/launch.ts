@@ -681,13 +681,13 @@ async function endTree(
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
   const claim = claimOf(a);
-  // The launcher that made it may have exited and been reaped already: its session counts only while held.
-  const session = a.session !== null && sessionHeld(a.session, roots) ? a.session : null;
   const launched = [a.command, ...a.argv];
   // Env mode: the token is in environments, read only of processes whose argv fits the launch.
   const candidate = (argv: string[]) =>
     a.tokenMode === 'env' ? mayCarryEnvToken(argv, launched, a.executablePath) : argv.some((x) => x.includes(a.token));
   try {
+    // The launcher that made it may have exited and been reaped already: its session counts only while held.
+    const session = a.session !== null && sessionHeld(a.session, roots) ? a.session : null;
     for (const p of await backend.listProcesses()) {
       if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
       let pinned: ReturnType<typeof backend.inspectPinned>;

@@ -177,6 +177,18 @@ describe(`spawn (${backend.name})`, () => {
     }
   });
 
+  it("keeps what a child wrote for a reader that comes after its exit, 'end' included", async () => {
+    const h = spawn('/bin/sh', ['-c', 'echo the-last-words'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    expect(await h.exited).toEqual({ code: 0, signal: null });
+    // Past the exit, and past the tick on which child_process resumes (and drains) unread pipes.
+    await new Promise((r) => setTimeout(r, 100));
+    let out = '';
+    h.stdout.on('data', (d: Buffer) => (out += d));
+    await new Promise<void>((resolve) => h.stdout.once('end', resolve));
+    expect(out).toBe('the-last-words\n');
+    h.close();
+  });
+
   it('refuses bad arguments', () => {
     const bad = (fn: () => unknown) => expect(fn).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_INVALID_ARG' }));
     bad(() => spawn(''));

@@ -583,16 +583,18 @@ const NO_ARGS: readonly string[] = Object.freeze([]);
  * child_process reads `spawnfile` and `spawnargs` only to describe a spawn
  * that failed, which this one did not (~280 B: the argv array keeps room for
  * 22). `stdio` has an entry per stdio index, null beyond 2 here (250 nulls
- * for an inherited fd 251 would be 2 KiB), and only a pipe among them is
- * read again, to drain it on exit. (A spawn that failed with EMFILE has no
- * `stdio` at all: hence only after the pid check.)
+ * for an inherited fd 251 would be 2 KiB), and child_process reads it again
+ * only at the exit, to resume every pipe nobody reads: what the program
+ * wrote before it exited would be thrown away before a reader came, where
+ * the native backend keeps it for one. The handle has the streams; child_process
+ * keeps its own references. (A spawn that failed with EMFILE has no `stdio`
+ * at all: hence only after the pid check.)
  */
 function trimChild(child: ChildProcess): void {
-  const fields = child as { spawnfile: string; spawnargs: readonly string[]; stdio: readonly unknown[] };
+  const fields = child as unknown as { spawnfile: string; spawnargs: readonly string[]; stdio: readonly unknown[] };
   fields.spawnfile = '';
   fields.spawnargs = NO_ARGS;
-  if (fields.stdio.every((entry) => entry === null)) fields.stdio = NO_ARGS;
-  else if (fields.stdio.length > 3) (fields.stdio as unknown[]).length = 3;
+  fields.stdio = NO_ARGS;
 }
 
 // O_CLOEXEC as /proc/<pid>/fdinfo's "flags:" shows it (octal): the value of

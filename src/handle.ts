@@ -21,7 +21,7 @@ import { openAppend } from './logs.js';
 import { signalNumber, UNKNOWN_EXIT } from './signals.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
-import { assertPid, assertStringArray } from './validate.js';
+import { assertCwd, assertEnv, assertFlag, assertPid, assertStringArray } from './validate.js';
 
 export class ProcessHandle {
   readonly pid: number;
@@ -224,14 +224,9 @@ function placementError(cgroup: string, err: unknown): unknown {
 }
 
 export function envList(env: Record<string, string | undefined>): string[] {
+  assertEnv(env);
   const out: string[] = [];
-  for (const [k, v] of Object.entries(env)) {
-    if (v === undefined) continue;
-    if (k === '' || k.includes('=') || k.includes('\0') || String(v).includes('\0')) {
-      throw new InvalidArgError(`env entry ${JSON.stringify(k)} is not a valid variable (no '=', no NUL)`);
-    }
-    out.push(`${k}=${v}`);
-  }
+  for (const [k, v] of Object.entries(env)) if (v !== undefined) out.push(`${k}=${v}`);
   return out;
 }
 
@@ -267,8 +262,14 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
     throw new InvalidArgError('command must be a non-empty string without NUL bytes');
   }
   assertStringArray(args, 'args');
-  if (options.cwd !== undefined && (typeof options.cwd !== 'string' || options.cwd.includes('\0'))) {
-    throw new InvalidArgError('cwd must be a string without NUL bytes');
+  assertCwd(options.cwd);
+  if (options.env !== undefined) assertEnv(options.env);
+  assertFlag(options.detached, 'detached');
+  assertFlag(options.newGroup, 'newGroup');
+  if (options.argv0 !== undefined) {
+    // An empty argv[0] is the kernel's to allow; not a string, or a NUL, is nothing execve can carry.
+    if (typeof options.argv0 !== 'string') throw new InvalidArgError('argv0 must be a string');
+    assertStringArray([options.argv0], 'argv0');
   }
   if (options.cgroup !== undefined) {
     if (typeof options.cgroup !== 'string' || !path.isAbsolute(options.cgroup) || options.cgroup.includes('\0')) {

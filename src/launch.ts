@@ -120,8 +120,11 @@ export interface LaunchSpec {
   attempts?: number;
   env?: Record<string, string | undefined>;
   cwd?: string;
-  /** Default: the instance's stdout log (see `logs`); 'ignore' with `logs: false`. */
-  stdout?: StdioOption;
+  /**
+   * Default: the instance's stdout log (see `logs`); 'ignore' with `logs: false`. Not 'pipe'
+   * (ERR_CUSTODY_INVALID_ARG): an Instance has no streams to read it from.
+   */
+  stdout?: Exclude<StdioOption, 'pipe'>;
   /**
    * Default: the instance's stderr log, whose tail every ERR_CUSTODY_LAUNCH_EXITED carries; 'ignore' with
    * `logs: false`. `{ file }` appends (its tail is read on failure). 'pipe' keeps a tail too, but a daemon

@@ -55,7 +55,7 @@ import { displayArg, fsPath } from './bytes.js';
 import type { Capabilities, ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus } from './types.js';
-import { assertDuration, assertStringArray } from './validate.js';
+import { assertCwd, assertDuration, assertEnv, assertFlag, assertString, assertStringArray } from './validate.js';
 
 export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
 
@@ -1265,6 +1265,20 @@ function validateSpec(spec: LaunchSpec): void {
     throw new InvalidArgError('command must be a non-empty string without NUL bytes');
   }
   if (typeof spec.args !== 'function') assertStringArray(spec.args, 'args');
+  if (spec.env !== undefined) assertEnv(spec.env);
+  assertCwd(spec.cwd);
+  assertFlag(spec.detached, 'detached');
+  assertFlag(spec.processGroup, 'processGroup');
+  if ((spec.stdout as unknown) === 'pipe') {
+    // Nobody would read it: an Instance has no streams, and a daemon blocks once the pipe's 64 KiB are full.
+    throw new InvalidArgError(
+      "stdout: 'pipe' has no reader in a launch; give { file }, { fd }, 'ignore' or the default log",
+    );
+  }
+  if (spec.executable !== undefined) assertString(spec.executable, 'executable');
+  if (spec.uid !== undefined && !(Number.isSafeInteger(spec.uid) && spec.uid >= 0 && spec.uid < 2 ** 32 - 1)) {
+    throw new InvalidArgError('uid must be an integer from 0 to 4294967294');
+  }
   if (spec.expect !== undefined) assertStringArray(spec.expect, 'expect');
   if (spec.paths !== undefined) {
     assertStringArray(spec.paths, 'paths');

@@ -67,3 +67,36 @@ export function describe(value: unknown): string {
     return String(value);
   return typeof value;
 }
+
+/** An environment: an object of variable names to strings (undefined leaves one out), as the TypeScript type says. */
+export function assertEnv(env: unknown, what = 'env'): asserts env is Record<string, string | undefined> {
+  if (env === null || typeof env !== 'object' || Array.isArray(env)) {
+    throw new InvalidArgError(`${what} must be an object of variable names to strings`);
+  }
+  for (const [k, v] of Object.entries(env)) {
+    if (v === undefined) continue;
+    if (typeof v !== 'string') throw new InvalidArgError(`${what}.${k} must be a string, not ${typeof v}`);
+    if (k === '' || k.includes('=') || k.includes('\0') || v.includes('\0')) {
+      throw new InvalidArgError(`${what} entry ${JSON.stringify(k)} is not a valid variable (no '=', no NUL)`);
+    }
+    if (!isByteString(v)) throw new InvalidArgError(`${what}.${k} holds a lone surrogate that stands for no byte`);
+  }
+}
+
+/** A working directory: a non-empty path without NUL (an empty one means nothing the kernel accepts). */
+export function assertCwd(cwd: unknown): asserts cwd is string | undefined {
+  if (cwd !== undefined && (typeof cwd !== 'string' || cwd === '' || cwd.includes('\0'))) {
+    throw new InvalidArgError('cwd must be a non-empty string without NUL bytes');
+  }
+}
+
+/** An optional boolean option. */
+export function assertFlag(value: unknown, what: string): asserts value is boolean | undefined {
+  if (value !== undefined && typeof value !== 'boolean') throw new InvalidArgError(`${what} must be a boolean`);
+}
+
+/** One string of bytes (as an argument is): non-empty, without NUL, every lone surrogate an escaped byte. */
+export function assertString(value: unknown, what: string): asserts value is string {
+  if (typeof value !== 'string' || value === '') throw new InvalidArgError(`${what} must be a non-empty string`);
+  assertStringArray([value], what);
+}

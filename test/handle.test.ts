@@ -196,6 +196,16 @@ describe(`spawn (${backend.name})`, () => {
     bad(() => spawn('true', 'x' as never));
     bad(() => spawn('true', [], { env: { 'A=B': 'x' } }));
     bad(() => spawn('true', [], { stdio: 'bogus' as never }));
+    // Refused before anything is spawned, never a TypeError from deeper down, never quietly coerced.
+    bad(() => spawn('true', [], { env: null as never }));
+    bad(() => spawn('true', [], { env: 'A=1' as never }));
+    bad(() => spawn('true', [], { env: ['A=1'] as never }));
+    bad(() => spawn('true', [], { env: { A: Symbol('x') } as never }));
+    bad(() => spawn('true', [], { env: { A: 1 } as never }));
+    bad(() => spawn('true', [], { argv0: 5 as never }));
+    bad(() => spawn('true', [], { argv0: 'a\0b' }));
+    bad(() => spawn('true', [], { cwd: '' }));
+    bad(() => spawn('true', [], { detached: 'no' as never }));
   });
 });
 

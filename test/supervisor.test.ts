@@ -269,6 +269,13 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     await bad({ args: (t: string) => [t], paths: ['relative'] });
     await bad({ args: (t: string) => [t], ready: { socket: 'rel.sock' } });
     await bad({ args: (t: string) => [t], confirmTimeoutMs: -5 });
+    await bad({ args: (t: string) => [t], env: { A: Symbol('x') } });
+    await bad({ args: (t: string) => [t], env: null });
+    await bad({ args: (t: string) => [t], cwd: '' });
+    await bad({ args: (t: string) => [t], uid: 'x' });
+    await bad({ args: (t: string) => [t], detached: 'no' });
+    await bad({ args: (t: string) => [t], executable: 5 });
+    await bad({ args: (t: string) => [t], stdout: 'pipe' });
     expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
   });
 

@@ -1,7 +1,7 @@
 // The C limit for custody's inspect(pid): the same syscall sequence as
 // native/proc.cc Inspect() and ReadIdentity(), with no JavaScript around it:
 // pidfd_open, a dir fd on /proc/<pid>, then the exec-safe read (stat,
-// cmdline, exe, uid, then cmdline and stat again, compared with the first:
+// cmdline, exe, uid, pid namespace, then cmdline and stat again, compared with the first:
 // a process that exec'd mid-read is read again), the pidfs id, signal 0.
 //
 //   identity <pid> <iterations> [rounds [warmup]]
@@ -50,6 +50,7 @@ struct identity {
   unsigned long long exe_dev, exe_ino;
   int has_pidfs_id;
   unsigned long long pidfs_id;
+  unsigned long long pid_ns;
 };
 
 // A growable buffer, reused across calls (the addon reuses nothing, but its
@@ -207,6 +208,13 @@ static void inspect(int pid, const char* dir, struct bufs* b, struct identity* i
       if (err != 0) errno = err, die("read status");
       id->uid = parse_status_uid(b->text.data);
     }
+
+    // The pid namespace it lives in, from the ns/pid link's text.
+    char link[64];
+    ssize_t n = readlinkat(piddir, "ns/pid", link, sizeof link - 1);
+    if (n <= 0) die("readlink ns/pid");
+    link[n] = '\0';
+    if (sscanf(link, "pid:[%llu]", &id->pid_ns) != 1) errno = EPROTO, die("parse ns/pid");
 
     // The second read: the same argv and the same comm, or read it all again.
     err = read_at(piddir, "cmdline", &b->again);

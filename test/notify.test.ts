@@ -9,7 +9,7 @@ import { backend } from '../src/backend/index.js';
 import { capabilities, Supervisor, type CustodyEvent } from '../src/index.js';
 import { parseNotification } from '../src/notify.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { hasUnshare, isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { asNamespaceInit, hasUnshare, isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { CGROUP_ROOT, CGROUP_SKIP } from './helpers/cgroup.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
 
@@ -396,18 +396,7 @@ describe.runIf(native)('ready: notify (native)', () => {
       try {
         const out = execFileSync(
           'unshare',
-          [
-            '--pid',
-            '--fork',
-            '--kill-child',
-            '--mount-proc',
-            process.execPath,
-            join(FIXTURES, 'notify-reuse.mjs'),
-            join(dir.path, 'state'),
-            PYTHON,
-            DAEMON,
-            MARKER,
-          ],
+          asNamespaceInit(join(FIXTURES, 'notify-reuse.mjs'), join(dir.path, 'state'), PYTHON, DAEMON, MARKER),
           { encoding: 'utf8', timeout: 60_000, env: process.env },
         );
         const result = JSON.parse(out.trim().split('\n').pop()!) as {

@@ -14,7 +14,16 @@ import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor, sweep } from '../src/index.js';
 import { judge, protectedPid, indexByToken } from '../src/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { hasUnshare, isGone, killAndWait, MARKER, procStat, SIGNAL_LOGGER, waitFor } from './helpers/procs.js';
+import {
+  asNamespaceInit,
+  hasUnshare,
+  isGone,
+  killAndWait,
+  MARKER,
+  procStat,
+  SIGNAL_LOGGER,
+  waitFor,
+} from './helpers/procs.js';
 import { FIXTURES, openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -41,6 +50,36 @@ function decoy(log: string, token: string, uid?: number): ChildProcess {
   strangers.push(child);
   return child;
 }
+/** A state dir whose supervisor has closed (ctx, for another agent to use), and a dir beside it. */
+async function stateOfAgentGone(): Promise<{ stateDir: string; dir: string }> {
+  ctx = await openSupervisor();
+  await ctx.supervisor.close();
+  const dir = join(ctx.root, 'crash');
+  mkdirSync(dir);
+  return { stateDir: ctx.stateDir, dir };
+}
+
+/**
+ * An agent in another process that opens the state dir and launches `spec`
+ * (source text; `writeFileSync` is in scope), to be SIGKILLed mid-launch.
+ */
+function launchHolder(stateDir: string, spec: string): ChildProcess {
+  const script = `
+    const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
+    const { writeFileSync } = await import('node:fs');
+    const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(stateDir)}, onEvent: () => {} });
+    await supervisor.launch(${spec});`;
+  const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
+  strangers.push(holder);
+  return holder;
+}
+
+/** The agent dies as a crash would: SIGKILL, and nothing of it runs after. */
+async function crash(holder: ChildProcess): Promise<void> {
+  holder.kill('SIGKILL');
+  await waitFor(() => holder.exitCode !== null || holder.signalCode !== null, 5000, 'the holder to die');
+}
+
 const ready = (c: ChildProcess) => new Promise<void>((r) => c.stdout!.once('data', () => r()));
 const logged = (log: string) => {
   try {
@@ -170,21 +209,15 @@ describe(`ownership rule (${backend.name})`, () => {
   }, 60_000);
 
   it('recovery of an interrupted launch never adopts a tail -f of its token, nor the launcher before it execs', async () => {
-    ctx = await openSupervisor();
-    await ctx.supervisor.close();
-    const dir = join(ctx.root, 'crash');
-    mkdirSync(dir);
+    const { stateDir, dir } = await stateOfAgentGone();
     // A supervisor in another process, SIGKILLed while its launcher is still
     // the shell that will exec into perl; a tail -f of the token's log beside it.
-    const script = `
-      const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
-      const { writeFileSync } = await import('node:fs');
-      const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(ctx.stateDir)}, onEvent: () => {} });
-      await supervisor.launch({ id: 'vm', command: '/bin/sh', executable: ${JSON.stringify(PERL)},
+    const holder = launchHolder(
+      stateDir,
+      `{ id: 'vm', command: '/bin/sh', executable: ${JSON.stringify(PERL)},
         args: (t) => { writeFileSync(${JSON.stringify(join(dir, 'token'))}, t); return ['-c', 'sleep 0.6; exec "$0" -e "sleep 30" -- "$1" "$2"', ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}]; },
-        confirmTimeoutMs: 10000 });`;
-    const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
-    strangers.push(holder);
+        confirmTimeoutMs: 10000 }`,
+    );
     const token = await waitFor(
       () => {
         try {
@@ -200,9 +233,8 @@ describe(`ownership rule (${backend.name})`, () => {
     const tail = cpSpawn('tail', ['-f', join(dir, `vm-${token}.log`), MARKER], { stdio: 'ignore' });
     strangers.push(tail);
     await waitFor(() => processesWithMarker(token).some((p) => p.cmd.startsWith('/bin/sh')), 5000, 'the launcher');
-    holder.kill('SIGKILL');
-    await waitFor(() => holder.exitCode !== null || holder.signalCode !== null, 5000, 'the holder to die');
-    const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+    await crash(holder);
+    const { supervisor, report } = await Supervisor.open({ stateDir: stateDir, onEvent: () => {} });
     try {
       expect(report.adopted).toEqual([expect.objectContaining({ id: 'vm', reason: 'starting' })]);
       const adopted = report.adopted[0]!.pid!;
@@ -218,22 +250,16 @@ describe(`ownership rule (${backend.name})`, () => {
   it.runIf(isRoot && hasUnshare())(
     'recovery of an interrupted launch never adopts or signals an exact copy of its target in another pid namespace',
     async () => {
-      ctx = await openSupervisor();
-      await ctx.supervisor.close();
-      const dir = join(ctx.root, 'crash');
-      mkdirSync(dir);
+      const { stateDir, dir } = await stateOfAgentGone();
       // A supervisor in another process, SIGKILLed while its launch waits for
       // readiness (a starting manifest); its target is then ended too.
-      const script = `
-        const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
-        const { writeFileSync } = await import('node:fs');
-        const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(ctx.stateDir)}, onEvent: () => {} });
-        await supervisor.launch({ id: 'vm', command: ${JSON.stringify(PERL)},
+      const holder = launchHolder(
+        stateDir,
+        `{ id: 'vm', command: ${JSON.stringify(PERL)},
           args: (t) => ['-e', 'sleep 30', '--', t, ${JSON.stringify(MARKER)}],
           ready: (inst) => { writeFileSync(${JSON.stringify(join(dir, 'launched'))}, JSON.stringify({ pid: inst.pid, token: inst.token })); return new Promise(() => {}); },
-          readyTimeoutMs: 60000 });`;
-      const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
-      strangers.push(holder);
+          readyTimeoutMs: 60000 }`,
+      );
       const launched = await waitFor(
         () => {
           try {
@@ -245,8 +271,7 @@ describe(`ownership rule (${backend.name})`, () => {
         10_000,
         'the launch to reach readiness',
       );
-      holder.kill('SIGKILL');
-      await waitFor(() => holder.exitCode !== null || holder.signalCode !== null, 5000, 'the holder to die');
+      await crash(holder);
       process.kill(launched.pid, 'SIGKILL');
       await waitFor(() => isGone(launched.pid), 5000, 'the target to die');
       // Root, the same program, the very argv, token included: only the namespace differs.
@@ -272,7 +297,7 @@ describe(`ownership rule (${backend.name})`, () => {
       expect(live.pidNs).toBe(inspect(process.pid).pidNs);
       expect(live.processPidNs).not.toBe(inspect(process.pid).processPidNs);
       expect(live.processPidNs).not.toBeNull();
-      const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+      const { supervisor, report } = await Supervisor.open({ stateDir: stateDir, onEvent: () => {} });
       try {
         expect(report.adopted).toEqual([]);
         expect(report.cleaned).toEqual([expect.objectContaining({ id: 'vm', reason: 'gone' })]);
@@ -292,16 +317,7 @@ describe(`ownership rule (${backend.name})`, () => {
       try {
         const stdout = execFileSync(
           'unshare',
-          [
-            '--pid',
-            '--fork',
-            '--kill-child',
-            '--mount-proc',
-            process.execPath,
-            join(FIXTURES, 'session-reuse.mjs'),
-            join(dir, 'run'),
-            PYTHON,
-          ],
+          asNamespaceInit(join(FIXTURES, 'session-reuse.mjs'), join(dir, 'run'), PYTHON),
           { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 60_000, encoding: 'utf8' },
         );
         const r = JSON.parse(stdout.trim().split('\n').pop()!);

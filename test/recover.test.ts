@@ -8,7 +8,17 @@ import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../src/index.js';
 import { STARTING_CONFIRM_MS } from '../src/recover.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { hasUnshare, isGone, isRoot, loggedSignals, MARKER, SIGNAL_LOGGER, tmpDir, waitFor } from './helpers/procs.js';
+import {
+  asNamespaceInit,
+  hasUnshare,
+  isGone,
+  isRoot,
+  loggedSignals,
+  MARKER,
+  SIGNAL_LOGGER,
+  tmpDir,
+  waitFor,
+} from './helpers/procs.js';
 import { FIXTURES, LAUNCHER, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -378,12 +388,7 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
     cleanups.push(() => dir.cleanup());
     const { stdout } = await promisify(execFile)(
       'unshare',
-      [
-        '--pid',
-        '--fork',
-        '--kill-child',
-        '--mount-proc',
-        process.execPath,
+      asNamespaceInit(
         join(FIXTURES, 'recover-ns.mjs'),
         mode,
         join(dir.path, 'state'),
@@ -392,7 +397,7 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
         LAUNCHER,
         PERL,
         join(dir.path, 'signals.log'),
-      ],
+      ),
       { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 120_000 },
     );
     return JSON.parse(stdout.trim().split('\n').pop()!);

@@ -4,7 +4,7 @@ import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { hasUnshare, isRoot, SIGNAL_LOGGER, tmpDir } from './helpers/procs.js';
+import { asNamespaceInit, hasUnshare, isRoot, SIGNAL_LOGGER, tmpDir } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -21,17 +21,7 @@ describe(`genuine PID reuse in a PID namespace (${backend.name})`, () => {
       const fixture = join(import.meta.dirname, 'fixtures', 'reuse.mjs');
       const { stdout } = await promisify(execFile)(
         'unshare',
-        [
-          '--pid',
-          '--fork',
-          '--kill-child',
-          '--mount-proc',
-          process.execPath,
-          fixture,
-          String(TRIALS),
-          join(dir.path, 'signals.log'),
-          SIGNAL_LOGGER,
-        ],
+        asNamespaceInit(fixture, String(TRIALS), join(dir.path, 'signals.log'), SIGNAL_LOGGER),
         { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 20_000 + TRIALS * 1000 },
       );
       const r = JSON.parse(stdout.trim().split('\n').pop()!);

@@ -131,3 +131,12 @@ export function untilReady(stream: NodeJS.ReadableStream): Promise<void> {
     stream.on('data', onData);
   });
 }
+
+/**
+ * The arguments of `unshare` that run a Node fixture as pid 1 of a fresh
+ * PID namespace with its own /proc, where orphans come to it and
+ * ns_last_pid can hand out a chosen pid; the namespace ends with the fixture.
+ */
+export function asNamespaceInit(fixture: string, ...args: string[]): string[] {
+  return ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, fixture, ...args];
+}

@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { hasUnshare, isRoot, SIGNAL_LOGGER, tmpDir } from '../helpers/procs.js';
+import { asNamespaceInit, hasUnshare, isRoot, SIGNAL_LOGGER, tmpDir } from '../helpers/procs.js';
 import { FAKE_VM, FIXTURES, LAUNCHER, PERL, PYTHON } from '../helpers/supervisor.js';
 
 expectNoLeaks();
@@ -26,12 +26,7 @@ describe(`crash recovery (${backend.name})`, () => {
     try {
       const { stdout } = await promisify(execFile)(
         'unshare',
-        [
-          '--pid',
-          '--fork',
-          '--kill-child',
-          '--mount-proc',
-          process.execPath,
+        asNamespaceInit(
           join(FIXTURES, 'recover-ns.mjs'),
           'chaos',
           join(dir.path, 'state'),
@@ -42,7 +37,7 @@ describe(`crash recovery (${backend.name})`, () => {
           join(dir.path, 'decoys.log'),
           FAKE_VM,
           PYTHON,
-        ],
+        ),
         {
           env: { ...process.env, CUSTODY_BACKEND: backend.name },
           timeout: SOAK ? 1_700_000 : 230_000,

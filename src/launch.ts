@@ -37,7 +37,7 @@ import {
   type TokenMode,
 } from './ownership.js';
 import { terminate } from './terminate.js';
-import { sessionHeld, terminateCgroup, terminateMembers } from './tree.js';
+import { terminateCgroup, terminateMembers } from './tree.js';
 import { backoff, TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { describe, pidMax } from './validate.js';
@@ -689,8 +689,10 @@ async function endTree(
   const candidate = (argv: string[]) =>
     a.tokenMode === 'env' ? mayCarryEnvToken(argv, launched, a.executablePath) : argv.some((x) => x.includes(a.token));
   try {
-    // The launcher that made it may have exited and been reaped already: its session counts only while held.
-    const session = a.session !== null && sessionHeld(a.session, roots) ? a.session : null;
+    // The attempt's own session, made by the child it spawned: its launcher may have exited already (a
+    // pidfile launch's does), its fork not exec'd yet. Freed and taken by a stranger only after all of it
+    // left, within this attempt's bounds (a stop, later, asks for a member in it: sessionHeld).
+    const session = a.session;
     for (const p of await backend.listProcesses()) {
       if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
       let pinned: ReturnType<typeof backend.inspectPinned>;
@@ -720,6 +722,7 @@ async function endTree(
     }
     const { members } = await terminateMembers([...roots, ...extra], {
       session,
+      sessionProven: session !== null,
       graceMs,
       reapIfChild: true,
       onEscalate,

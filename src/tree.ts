@@ -88,6 +88,12 @@ export interface MembersOptions {
   also?: ProcessHandle[];
   /** The session custody created for the instance (its leader's pid), whose every process is a member. */
   session?: number | null;
+  /**
+   * The session is known to be the instance's without a pinned member in it
+   * (sessionHeld): an attempt's own, made moments ago by the child it
+   * spawned, which may already have exited.
+   */
+  sessionProven?: boolean;
   /** Members that become our children (as a subreaper) are reaped; for custody's own instances only. */
   reapIfChild?: boolean;
 }
@@ -104,6 +110,7 @@ class MemberSet {
   constructor(roots: ProcessHandle[], options: MembersOptions) {
     for (const r of roots) this.all.set(r.pid, r);
     this.#session = options.session ?? null;
+    this.#sessionProven = options.sessionProven === true;
     this.#reap = options.reapIfChild === true;
   }
 

@@ -149,6 +149,32 @@ describe(`launch with a hostile pidfile (${backend.name})`, () => {
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 
+  it("an abandon ends the launcher's fork that has not exec'd yet, after the launcher itself exited", async () => {
+    ctx = await openSupervisor();
+    // The fork is still the launcher's shell (a launcher is never taken for its target), its parent
+    // gone: only the session the attempt made says it is the attempt's.
+    const pidfile = path('late.pid');
+    await expect(
+      ctx.supervisor.launch({
+        id: 'late',
+        command: 'sh',
+        args: (t) => [
+          '-c',
+          `( sleep 0.5; exec "$0" -e 'sleep 300' "$1" "$2" ) & echo junk > "$3"; exit 0`,
+          PERL,
+          t,
+          MARKER,
+          pidfile,
+        ],
+        pid: { file: pidfile },
+        executable: PERL,
+        confirmTimeoutMs: 5000,
+      }),
+    ).rejects.toMatchObject(refused);
+    await new Promise((r) => setTimeout(r, 800));
+    expect(processesWithMarker(MARKER)).toEqual([]);
+  });
+
   it('2^32 + the pid of a live process never pins that process', async () => {
     ctx = await openSupervisor();
     const bystander = ctx.supervisor.launch({

@@ -2,10 +2,10 @@
  * ProcessHandle: one process, pinned. open() pins an existing process after
  * proving it is the expected one; spawn() pins a new child from birth.
  */
-import { fsPath } from './bytes.js';
 import { accessSync, closeSync, constants as fsConstants, statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
+import { fsPath } from './bytes.js';
 import { backend } from './backend/index.js';
 import type { PidRef, StdioTarget } from './backend/types.js';
 import {

@@ -18,8 +18,8 @@
  * cgroup of this supervisor's that no manifest names is removed when empty,
  * and reported (never signalled) when something runs in it.
  */
-import { fsPath } from './bytes.js';
 import { statSync } from 'node:fs';
+import { fsPath } from './bytes.js';
 import { backend, capabilities } from './backend/index.js';
 import type { ProcEntry } from './backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from './cgroup.js';

@@ -50,7 +50,7 @@ function pinMember(pid: number, members: Members, reapIfChild: boolean): Process
  * stranger that later gets that pid and calls setsid leads a session of the
  * same number: recorded at confirm, it proves nothing after.
  */
-export function sessionHeld(session: number, pinned: ProcessHandle[]): boolean {
+function sessionHeld(session: number, pinned: ProcessHandle[]): boolean {
   return pinned.some((m) => {
     if (m.hasExited) return false;
     const st = backend.stat(m.pid);
@@ -103,8 +103,8 @@ class MemberSet {
   readonly all = new Map<number, ProcessHandle>();
   readonly #own = new Set<ProcessHandle>();
   readonly #session: number | null;
-  /** Whether a member was seen in the session during this stop (sessionHeld): only then is it counted. */
-  #sessionProven = false;
+  /** Whether the session counts: the caller knew, or a member was seen in it during this stop (sessionHeld). */
+  #sessionProven: boolean;
   readonly #reap: boolean;
 
   constructor(roots: ProcessHandle[], options: MembersOptions) {

@@ -223,8 +223,8 @@ function placementError(cgroup: string, err: unknown): unknown {
   return err;
 }
 
-export function envList(env: Record<string, string | undefined>): string[] {
-  assertEnv(env);
+/** An environment as execve's list; spawn() has checked it (assertEnv). */
+function envList(env: Record<string, string | undefined>): string[] {
   const out: string[] = [];
   for (const [k, v] of Object.entries(env)) if (v !== undefined) out.push(`${k}=${v}`);
   return out;

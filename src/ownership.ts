@@ -16,7 +16,9 @@
  *    is in the session custody created for the instance (a session id stays
  *    taken while any member of the session lives, so no stranger can be in
  *    it; callers pass the session only while a pinned member is in it, see
- *    sessionHeld in src/tree.ts): an instance's children carry no token;
+ *    sessionHeld in src/tree.ts), or in a session a member or a member's
+ *    child leads (a daemon's fork that called setsid: everything in it was
+ *    forked from it): an instance's children carry no token;
  * 3. otherwise the token AND the expected program (the executable's
  *    dev/inode, or the exact argv) AND our uid (or the one the launch
  *    declared) AND our pid namespace, and never the launcher's own program.
@@ -67,6 +69,11 @@ export interface Members {
   pids: ReadonlySet<number>;
   /** The session custody created for the instance (setsid), if any. */
   session?: number | null;
+  /**
+   * Sessions a member, or a member's child, leads: made by the instance, so everything in one descends from it.
+   * Callers pass one only while they can prove it (ledByMember and sessionHeld in src/tree.ts).
+   */
+  ledSessions?: ReadonlySet<number>;
   /** The instance cgroup's hierarchy path: where it is given, membership is being in it, and nothing else. */
   cgroup?: string | null;
 }
@@ -261,7 +268,7 @@ export function judge(
   }
   if (members) {
     if (members.pids.has(live.ppid)) return { ours: true, by: 'descent' };
-    if (members.session != null && live.session === members.session) return { ours: true, by: 'session' };
+    if (inMemberSession(live, members)) return { ours: true, by: 'session' };
   }
   return byToken(claim, live, reported, environ);
 }
@@ -270,7 +277,14 @@ export function judge(
 export function isMember(live: ProcessIdentity, members: Members): boolean {
   if (protectedPid(live.pid) || dead(live.state)) return false;
   if (members.cgroup) return inCgroup(live, members.cgroup) === true;
-  return members.pids.has(live.ppid) || (members.session != null && live.session === members.session);
+  return members.pids.has(live.ppid) || inMemberSession(live, members);
+}
+
+/** In the session custody created, or in one a member (or a member's child) leads. */
+function inMemberSession(live: ProcessIdentity, members: Members): boolean {
+  return (
+    (members.session != null && live.session === members.session) || members.ledSessions?.has(live.session) === true
+  );
 }
 
 /** The message a rejection event carries. */

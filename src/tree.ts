@@ -60,6 +60,23 @@ function sessionHeld(session: number, pinned: ProcessHandle[]): boolean {
 }
 
 /**
+ * Whether `session` is led, now, by a live member or by a member's child
+ * (alive or a zombie): the fork of a daemon that called setsid, then forked
+ * the daemon and exited, leaving the daemon outside every member's tree. A
+ * session id is its creator's pid, and that pid stays taken while anyone is
+ * in the session, so a process with that pid in that session is its
+ * creator; everything in a session was forked into it, so all of it
+ * descends from the instance. The member is alive after the read: the pid
+ * the read named was our member's, not a later owner's.
+ */
+function ledByMember(session: number, live: ProcessHandle[]): boolean {
+  const st = backend.stat(session);
+  if (st === null || st.session !== session) return false;
+  const m = live.find((h) => h.pid === session || h.pid === st.ppid);
+  return m?.isAlive() === true;
+}
+
+/**
  * Every descendant of a process, each pinned by a pidfd and proven, under
  * its pin, to be the child of the member it was found under. Callers own
  * the handles (close them).
@@ -105,6 +122,8 @@ class MemberSet {
   readonly #session: number | null;
   /** Whether the session counts: the caller knew, or a member was seen in it during this stop (sessionHeld). */
   #sessionProven: boolean;
+  /** Sessions a member or a member's child was seen to lead (ledByMember), with the leader's start time; each counts only while still proven. */
+  readonly #led = new Map<number, number>();
   readonly #reap: boolean;
 
   constructor(roots: ProcessHandle[], options: MembersOptions) {
@@ -136,22 +155,62 @@ class MemberSet {
       const live = [...this.all.values()].filter((m) => !m.hasExited);
       if (this.#session !== null && !this.#sessionProven) this.#sessionProven = sessionHeld(this.#session, live);
       const session = this.#sessionProven ? this.#session : null;
-      const members: Members = { pids: new Set(live.map((m) => m.pid)), session };
       const found = live.flatMap((m) => backend.children(m.pid));
-      if (full && session !== null) {
-        const scan = await within(backend.sessionMembers(session), scanMs, signal, true);
+      // A member, or a member's child (a zombie is no member, but still leads), that leads a session of its own.
+      for (const pid of [...live.map((m) => m.pid), ...found]) {
+        if (this.#led.has(pid) || pid === session) continue;
+        const st = backend.stat(pid);
+        if (st?.session === pid && ledByMember(pid, live)) this.#led.set(pid, st.startTicks);
+      }
+      const led = this.#ledNow(live);
+      const members: Members = { pids: new Set(live.map((m) => m.pid)), session, ledSessions: led };
+      const scanned = new Set(led);
+      if (session !== null) scanned.add(session);
+      if (full && scanned.size > 0) {
+        const scan = await within(backend.sessionMembers(scanned), scanMs, signal, true);
         if (scan !== TIMED_OUT) found.push(...scan);
       }
       for (const pid of found) {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);
         if (!h) continue;
+        // Taken for a led session only: that session's proof must still hold after the read under the pin,
+        // or its id may have been freed and taken by a stranger's setsid since the proof.
+        const byLed = !members.pids.has(h.identity?.ppid ?? 0) && h.identity?.session !== session;
+        if (byLed && !this.#ledNow(live).has(h.identity?.session ?? 0)) {
+          h.close();
+          continue;
+        }
         this.#add(h);
         added++;
       }
       if (added === before) break;
     }
     return added;
+  }
+
+  /** The led sessions still proven now: by their leader (ledByMember), or by a pinned member in them (sessionHeld). */
+  #ledNow(live: ProcessHandle[]): Set<number> {
+    return new Set([...this.#led.keys()].filter((s) => ledByMember(s, live) || sessionHeld(s, live)));
+  }
+
+  /**
+   * As a subreaper, a led session's leader that died a zombie comes to us
+   * when its parent member dies: reaped here, once it is a zombie child of
+   * ours that leads that session and started when the leader seen did
+   * (pid and start time: not a later process given the pid). Never a child
+   * custody spawned.
+   */
+  reapLeaders(): void {
+    if (!this.#reap || this.#led.size === 0 || backend.childSubreaper() !== true) return;
+    for (const pid of backend.children(process.pid)) {
+      const started = this.#led.get(pid);
+      if (started === undefined || backend.spawnedHere(pid)) continue;
+      const st = backend.stat(pid);
+      if (st && (st.state === 'Z' || st.state === 'X') && st.session === pid && st.startTicks === started) {
+        backend.reapZombie(pid);
+      }
+    }
   }
 
   signal(sig: number): void {
@@ -237,6 +296,7 @@ export async function terminateMembers(
       }
       break;
     }
+    set.reapLeaders();
     return { members: [...set.all.keys()], escalated };
   } finally {
     set.close();

@@ -67,6 +67,6 @@ describe(`session scans (${backend.name})`, () => {
     const inPairs: number[] = [];
     for (let i = 0; i < pairs.length; i += 2) if (pairs[i + 1] === ours) inPairs.push(pairs[i] as number);
     expect(inPairs).toContain(process.pid);
-    expect(await backend.sessionMembers(ours)).toContain(process.pid);
+    expect(await backend.sessionMembers(new Set([ours]))).toContain(process.pid);
   });
 });

@@ -190,6 +190,45 @@ describe(`ownership rule (${backend.name})`, () => {
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 
+  it.each([
+    ['left a zombie', 'exit'],
+    ['still running', 'stay'],
+  ])(
+    "stop() ends a helper that forked, setsid'd and forked again, its session's leader %s; never a stranger's session",
+    async (_, leaderThen) => {
+      ctx = await openSupervisor();
+      // A stranger of ours in a session of its own, started first: its pid and session are not the helper's.
+      const stranger = cpSpawn(PERL, ['-e', 'sleep 30', '--', MARKER], { stdio: 'ignore', detached: true });
+      strangers.push(stranger);
+      // The leader exits (a zombie its parent, the main, never reaps) or stays.
+      const inst = await ctx.supervisor.launch({
+        id: 'm',
+        command: PYTHON,
+        args: (t) => [join(FIXTURES, 'setsid-helper.py'), leaderThen, PERL, t, MARKER],
+      });
+      const helper = await waitFor(
+        () => processesWithMarker(inst.token).find((p) => p.cmd.endsWith(' helper') && p.state !== 'Z'),
+        5000,
+        'the helper',
+      );
+      try {
+        const leader = Number(procStat(helper.pid)?.[3]);
+        expect(leader).not.toBe(Number(procStat(inst.pid)?.[3]));
+        expect(procStat(leader)?.[1]).toBe(String(inst.pid));
+        await ctx.supervisor.stop('m', { graceMs: 2000 });
+        await waitFor(() => isGone(helper.pid) && isGone(inst.pid), 5000, 'the helper to be ended with the main');
+        expect(
+          processesWithMarker(MARKER)
+            .filter((p) => p.state !== 'Z')
+            .map((p) => p.pid),
+        ).toEqual([stranger.pid]);
+      } finally {
+        // Only on failure is it still there: ended by pid, so no later test finds it.
+        if (!isGone(helper.pid)) process.kill(helper.pid, 'SIGKILL');
+      }
+    },
+  );
+
   it('a tree stop of a TERM-ignoring process that forks every 10 ms leaves no survivor', async () => {
     ctx = await openSupervisor();
     const trials = SOAK ? 50 : 5;

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { expectNoLeaks, descendantsOf } from './helpers/leaks.js';
 import { isGone, MARKER, procStat, waitFor } from './helpers/procs.js';
-import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
+import { FIXTURES, openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -104,6 +104,35 @@ time.sleep(0.3)
         await bystanderExit;
         // child_process still got its own child's exit: custody never reaped it.
         expect(bystander.exitCode).toBe(0);
+      } finally {
+        await ctx.dispose();
+      }
+    },
+  );
+
+  it.skipIf(backend.name !== 'native')(
+    "stop reaps the zombie of a helper's setsid'd fork, which its parent never reaped, and ends the helper",
+    async () => {
+      const ctx = await openSupervisor({ subreaper: true });
+      try {
+        // The leader exits, a zombie the main never reaps. Both the helper (at once) and, when the main dies,
+        // the leader's zombie are re-parented to us.
+        const inst = await ctx.supervisor.launch({
+          id: 'm',
+          command: PYTHON,
+          args: (t) => [join(FIXTURES, 'setsid-helper.py'), 'exit', PERL, t, MARKER],
+        });
+        const helper = await waitFor(
+          () => descendantsOf(process.pid).find((p) => p.cmd.endsWith(' helper') && p.ppid === process.pid),
+          5000,
+          'the helper to be re-parented to us',
+        );
+        const leader = Number(procStat(helper.pid)?.[3]);
+        expect(procStat(leader)?.slice(0, 2)).toEqual(['Z', String(inst.pid)]);
+        await ctx.supervisor.stop('m', { graceMs: 2000 });
+        // Neither the helper nor the leader's zombie is left, and no zombie at all.
+        await waitFor(() => isGone(helper.pid) && isGone(leader), 5000, 'the helper ended and both reaped');
+        expect(descendantsOf(process.pid).filter((p) => p.state === 'Z')).toEqual([]);
       } finally {
         await ctx.dispose();
       }

@@ -293,10 +293,11 @@ export abstract class ProcReads {
     return sessionPairsOf();
   }
 
-  async sessionMembers(session: number): Promise<number[]> {
+  async sessionMembers(sessions: ReadonlySet<number>): Promise<number[]> {
     const pairs = await this.#sessions.fresh();
     const out: number[] = [];
-    for (let i = 0; i + 1 < pairs.length; i += 2) if (pairs[i + 1] === session) out.push(pairs[i] as number);
+    for (let i = 0; i + 1 < pairs.length; i += 2)
+      if (sessions.has(pairs[i + 1] as number)) out.push(pairs[i] as number);
     return out;
   }
 

@@ -152,8 +152,8 @@ export interface Backend {
   stat(pid: number): StatFields | null;
   /** The pids of a process's children ([] when it is gone). A listing, not proof: each is pinned and re-checked. */
   children(pid: number): number[];
-  /** The pids in a session (by stat's session field). A listing, not proof: each is pinned and re-checked. */
-  sessionMembers(session: number): Promise<number[]>;
+  /** The pids in any of these sessions (by stat's session field), from one scan. A listing, not proof: each is pinned and re-checked. */
+  sessionMembers(sessions: ReadonlySet<number>): Promise<number[]>;
   /** A process's cgroup v2 path (/proc/<pid>/cgroup's `0::` line); null when it is gone or there is no v2 hierarchy. A read, not proof. */
   cgroupOf(pid: number): string | null;
   /** /proc/self/mountinfo, for finding cgroup v2 mounts. */

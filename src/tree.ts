@@ -122,8 +122,11 @@ class MemberSet {
   readonly #session: number | null;
   /** Whether the session counts: the caller knew, or a member was seen in it during this stop (sessionHeld). */
   #sessionProven: boolean;
-  /** Sessions a member or a member's child was seen to lead (ledByMember), with the leader's start time; each counts only while still proven. */
-  readonly #led = new Map<number, number>();
+  /**
+   * Sessions a member or a member's child was seen to lead (ledByMember), with the leader's pidfs id (for
+   * reapLeaders; null where there is none); each counts only while still proven.
+   */
+  readonly #led = new Map<number, string | null>();
   readonly #reap: boolean;
 
   constructor(roots: ProcessHandle[], options: MembersOptions) {
@@ -158,9 +161,10 @@ class MemberSet {
       const found = live.flatMap((m) => backend.children(m.pid));
       // A member, or a member's child (a zombie is no member, but still leads), that leads a session of its own.
       for (const pid of [...live.map((m) => m.pid), ...found]) {
-        if (this.#led.has(pid) || pid === session) continue;
-        const st = backend.stat(pid);
-        if (st?.session === pid && ledByMember(pid, live)) this.#led.set(pid, st.startTicks);
+        if (this.#led.has(pid) || pid === session || backend.stat(pid)?.session !== pid) continue;
+        // Read before the proof, so that the proof covers the process the id names.
+        const id = this.#reap ? backend.pidfsIdOf(pid) : null;
+        if (ledByMember(pid, live)) this.#led.set(pid, id);
       }
       const led = this.#ledNow(live);
       const members: Members = { pids: new Set(live.map((m) => m.pid)), session, ledSessions: led };
@@ -174,10 +178,7 @@ class MemberSet {
         if (this.all.has(pid)) continue;
         const h = pinMember(pid, members, this.#reap);
         if (!h) continue;
-        // Taken for a led session only: that session's proof must still hold after the read under the pin,
-        // or its id may have been freed and taken by a stranger's setsid since the proof.
-        const byLed = !members.pids.has(h.identity?.ppid ?? 0) && h.identity?.session !== session;
-        if (byLed && !this.#ledNow(live).has(h.identity?.session ?? 0)) {
+        if (!this.#stillProven(h, session, live)) {
           h.close();
           continue;
         }
@@ -191,25 +192,44 @@ class MemberSet {
 
   /** The led sessions still proven now: by their leader (ledByMember), or by a pinned member in them (sessionHeld). */
   #ledNow(live: ProcessHandle[]): Set<number> {
-    return new Set([...this.#led.keys()].filter((s) => ledByMember(s, live) || sessionHeld(s, live)));
+    return new Set([...this.#led.keys()].filter((s) => this.#ledHolds(s, live)));
+  }
+
+  #ledHolds(session: number, live: ProcessHandle[]): boolean {
+    return ledByMember(session, live) || sessionHeld(session, live);
+  }
+
+  /**
+   * What admitted a newcomer must still hold after its read under its pin
+   * (the pass's lists were read before, and a scan may have taken long):
+   * its parent, a pinned member, is alive still (so the ppid it showed was
+   * that member's, not a later owner's of the pid), or the led session it
+   * is in is still proven (its id may have been freed and taken by a
+   * stranger's setsid meanwhile). The custody session is as the pass found it.
+   */
+  #stillProven(h: ProcessHandle, session: number | null, live: ProcessHandle[]): boolean {
+    const id = h.identity;
+    if (!id) return false;
+    if (this.all.get(id.ppid)?.isAlive() === true) return true;
+    if (session !== null && id.session === session) return true;
+    return this.#led.has(id.session) && this.#ledHolds(id.session, live);
   }
 
   /**
    * As a subreaper, a led session's leader that died a zombie comes to us
-   * when its parent member dies: reaped here, once it is a zombie child of
-   * ours that leads that session and started when the leader seen did
-   * (pid and start time: not a later process given the pid). Never a child
-   * custody spawned.
+   * when the stop kills its parent member: reaped here, once it is a zombie
+   * child of ours, by the pidfs id read when it was proven (never a later
+   * process given its pid, such as a child_process child of ours started in
+   * the same clock tick). Without pidfs ids (Linux < 6.9) it is left to
+   * whoever reaps it. Never a child custody spawned.
    */
   reapLeaders(): void {
     if (!this.#reap || this.#led.size === 0 || backend.childSubreaper() !== true) return;
     for (const pid of backend.children(process.pid)) {
-      const started = this.#led.get(pid);
-      if (started === undefined || backend.spawnedHere(pid)) continue;
+      const id = this.#led.get(pid);
+      if (id === undefined || id === null || backend.spawnedHere(pid)) continue;
       const st = backend.stat(pid);
-      if (st && (st.state === 'Z' || st.state === 'X') && st.session === pid && st.startTicks === started) {
-        backend.reapZombie(pid);
-      }
+      if (st && (st.state === 'Z' || st.state === 'X')) backend.reapZombie(pid, id);
     }
   }
 

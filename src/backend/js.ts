@@ -429,6 +429,10 @@ export class JsBackend extends ProcReads implements Backend {
     return false;
   }
 
+  pidfsIdOf(): null {
+    return null;
+  }
+
   childSubreaper(): null {
     return null;
   }

@@ -411,7 +411,7 @@ export class NativeBackend extends ProcReads implements Backend {
     return spawnedPids.has(pid);
   }
 
-  reapZombie(pid: number): boolean {
+  reapZombie(pid: number, pidfsId?: string): boolean {
     let fd: number;
     try {
       fd = this.#addon.pidfdOpen(pid);
@@ -419,11 +419,27 @@ export class NativeBackend extends ProcReads implements Backend {
       return false;
     }
     try {
+      if (pidfsId !== undefined && pidfsIdOf(this.#addon, fd) !== pidfsId) return false;
       const c = this.#addon.constants;
       return this.#addon.waitid(fd, c.WEXITED | c.WNOHANG) !== null;
     } catch {
       // ECHILD: not ours to reap after all
       return false;
+    } finally {
+      this.#addon.close(fd);
+    }
+  }
+
+  pidfsIdOf(pid: number): string | null {
+    let fd: number;
+    try {
+      // pidfd_open takes a zombie too: its task is there until it is reaped.
+      fd = this.#addon.pidfdOpen(pid);
+    } catch {
+      return null;
+    }
+    try {
+      return pidfsIdOf(this.#addon, fd);
     } finally {
       this.#addon.close(fd);
     }

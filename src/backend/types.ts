@@ -143,8 +143,13 @@ export interface Backend {
   setChildSubreaper(on: boolean): boolean;
   /** Whether pid is a child this backend spawned and will reap itself (never to be reaped by anyone else). */
   spawnedHere(pid: number): boolean;
-  /** Reaps a zombie child of ours now (waitid WNOHANG through a pidfd); false when it is not one. */
-  reapZombie(pid: number): boolean;
+  /**
+   * Reaps a zombie child of ours now (waitid WNOHANG through a pidfd); false when it is not one. With
+   * `pidfsId`, only the process of that pidfs id (read under the same pidfd): never a later owner of the pid.
+   */
+  reapZombie(pid: number, pidfsId?: string): boolean;
+  /** The pidfs id of the process at pid now (alive or a zombie), read under a pidfd; null where there is none (js, Linux < 6.9). */
+  pidfsIdOf(pid: number): string | null;
   /** Whether this process is a child subreaper now; null where the backend cannot tell. */
   childSubreaper(): boolean | null;
   bootId(): string;

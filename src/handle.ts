@@ -23,7 +23,14 @@ import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus, ProcessIdentity } from './types.js';
 import { assertCwd, assertEnv, assertFlag, assertPid, assertStringArray } from './validate.js';
 
+/** The pin behind a handle, for this package's own modules only (see holdExit). */
+let refOf: (h: ProcessHandle) => PidRef;
+
 export class ProcessHandle {
+  static {
+    refOf = (h) => h.#ref;
+  }
+
   readonly pid: number;
   /** The identity proven when the handle was opened (open()); null for a fresh spawn until it is inspected. */
   readonly identity: ProcessIdentity | null;
@@ -103,6 +110,25 @@ export class ProcessHandle {
   [Symbol.for('nodejs.dispose')](): void {
     this.close();
   }
+}
+
+/**
+ * @internal Keeps the zombie of this child of ours, once it exits, until releaseExit() (or a bound): `gone`
+ * settles and `onHeld` is called at the exit, `exited` only once it is reaped. While unreaped, its pid, and the
+ * session it leads, can be no one else's. false where the backend cannot (js: libuv reaps) or it is not our child.
+ */
+export function holdExit(h: ProcessHandle, onHeld?: () => void): boolean {
+  return refOf(h).holdZombie?.(onHeld) ?? false;
+}
+
+/** @internal Ends holdExit(): the zombie is reaped now, or as usual when the exit comes. */
+export function releaseExit(h: ProcessHandle): void {
+  refOf(h).releaseZombie?.();
+}
+
+/** @internal Whether holdExit() holds now: the process, alive or a zombie, is unreaped, so its pid is no one else's. */
+export function exitHeld(h: ProcessHandle): boolean {
+  return refOf(h).zombieHeld?.() ?? false;
 }
 
 /**

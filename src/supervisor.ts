@@ -15,7 +15,7 @@ import {
   UnsupportedError,
 } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
-import { type ProcessHandle, resolveExecutable } from './handle.js';
+import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './handle.js';
 import { callHook } from './hooks.js';
 import { assertLogOptions, InstanceLogs } from './logs.js';
 import {
@@ -45,7 +45,7 @@ import {
 } from './store.js';
 import { endedResult, forceEnd, terminate, type TerminateResult } from './terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
-import { terminateCgroup, terminateTree } from './tree.js';
+import { sessionLeftovers, terminateCgroup, terminateMembers, terminateTree } from './tree.js';
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
 import { describeExit } from './exit.js';
 import { UNKNOWN_EXIT } from './signals.js';
@@ -164,6 +164,8 @@ interface Starting {
 
 interface Running extends Pinned {
   status: 'running';
+  /** What its main process left in its session when it exited on its own (#onGone), ended by #cleanUpAfter. */
+  leftovers?: ProcessHandle[];
 }
 
 /** Its main process exited on its own; what it left (its cgroup's leftovers, its state) is being cleaned up. */
@@ -383,8 +385,46 @@ export class Supervisor {
     if (!this.#options.keepAlive) handle.unref();
     // Bound rather than a closure: one small object per instance, no context.
     void instance.exited.then(this.#onExit.bind(this, instance));
+    this.#holdExitOf(running);
     void this.#logs.watch(manifest.id);
     return instance;
+  }
+
+  /**
+   * Without a cgroup, the session its main process leads (a detached launch's) is what holds the instance's
+   * other processes: its zombie is kept when it exits on its own, so that what it left there is found while
+   * the session's id can be no one else's (#onGone). Native only (the js backend's libuv reaps at once).
+   */
+  #holdExitOf(t: Running): void {
+    if (t.cgroup || t.session === null || t.session !== t.handle.pid) return;
+    holdExit(t.handle, this.#onGone.bind(this, t));
+  }
+
+  /** The main process exited on its own, its zombie held: find what it left in its session, then reap it. */
+  async #onGone(t: Running): Promise<void> {
+    const { id } = t.instance;
+    const ours = () => this.#table.get(id) === t && !this.#closed;
+    // A stop in flight keeps the zombie to its end (it anchors the session; terminateTree reaps it).
+    const stopOwns = () => {
+      const now = this.#table.get(id);
+      return now?.status === 'stopping' && now.from === t;
+    };
+    if (stopOwns()) return;
+    try {
+      if (!ours() || t.session === null) return;
+      const found = await sessionLeftovers(t.session, LEFTOVER_SCAN_MS);
+      // A stop that began meanwhile owns the instance now.
+      if (ours()) t.leftovers = found;
+      else for (const h of found) h.close();
+    } catch (err) {
+      this.#emit('warning', {
+        id,
+        message: `could not look for what ${id} left in its session: ${(err as Error).message}`,
+      });
+    } finally {
+      // Reaped: #onExit follows.
+      if (!stopOwns()) releaseExit(t.handle);
+    }
   }
 
   #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
@@ -431,6 +471,8 @@ export class Supervisor {
             this.#emit('warning', { id, pids: leftovers, message });
           }
           await t.cgroup.remove();
+        } else if (t.leftovers?.length) {
+          await this.#endLeftovers(t, t.leftovers);
         }
         await this.#store.remove(id);
       })(),
@@ -440,6 +482,19 @@ export class Supervisor {
         message: `could not clean up after an exited instance: ${(err as Error).message}`,
       });
     });
+  }
+
+  /** Ends what an exited main process left in its session (#onGone found and pinned them), as its cgroup's would be. */
+  async #endLeftovers(t: Running, leftovers: ProcessHandle[]): Promise<void> {
+    const { id } = t.instance;
+    try {
+      const { members } = await terminateMembers(leftovers, { session: t.session, reapIfChild: true, graceMs: 0 });
+      const message = `${id}: ${members.length} process(es) its main process left in its session were killed`;
+      this.#emit('warning', { id, pids: members, message });
+    } finally {
+      for (const h of leftovers) h.close();
+      t.leftovers = undefined;
+    }
   }
 
   /** Launches, confirms, waits until ready, then records the identity. Retries up to `attempts`, abandoning each failure cleanly. */
@@ -759,7 +814,10 @@ export class Supervisor {
       return await stopping.done;
     } finally {
       // Not stopped (it threw before the process was proven gone): it is what it was.
-      if (this.#table.get(id) === stopping) this.#table.set(id, t);
+      if (this.#table.get(id) === stopping) {
+        this.#table.set(id, t);
+        if (t.status === 'running') this.#holdExitOf(t);
+      }
     }
   }
 
@@ -782,10 +840,12 @@ export class Supervisor {
           graceMs: 0,
           killEach: this.#killEach(),
         });
-      else
-        await (options.tree !== false
-          ? terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.session })
-          : forceEnd(h));
+      else if (options.tree !== false)
+        await terminateTree(h, { termSignal: 'SIGKILL', graceMs: 0, reapIfChild: true, session: t.session });
+      else {
+        releaseExit(h);
+        await forceEnd(h);
+      }
       await t.cgroup?.remove();
       await this.#removeState(t.instance.id);
       const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
@@ -901,7 +961,11 @@ export class Supervisor {
       const r = await terminateCgroup(t.cgroup, [h], { graceMs, signal, onEscalate, killEach: this.#killEach() });
       return { ...(await endedResult(h, wasAlive, r.escalated)), leftovers: r.leftovers };
     }
-    if (single) return terminate(h, { graceMs, signal, onEscalate });
+    if (single) {
+      // The main alone: nothing to anchor, and its status is wanted as it comes.
+      releaseExit(h);
+      return terminate(h, { graceMs, signal, onEscalate });
+    }
     const { members: _members, ...result } = await terminateTree(h, {
       graceMs,
       signal,
@@ -1225,6 +1289,9 @@ function releaseSubreaper(): void {
 
 /** Enough for a process-table scan and a pin (a dir, a stat, a cmdline, a pidfd). */
 const RESERVE_FDS = 4;
+
+/** The longest an exited main's session scan is waited for (its zombie is held meanwhile; a busy table takes tens of ms). */
+const LEFTOVER_SCAN_MS = 500;
 
 /** Fds held (on /dev/null) so that undoing a launch can run when the fd table is otherwise full. */
 class FdReserve {

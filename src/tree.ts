@@ -15,7 +15,7 @@
 import { backend } from './backend/index.js';
 import type { InstanceCgroup } from './cgroup.js';
 import { AbortError, StopTimeoutError } from './errors.js';
-import { ProcessHandle } from './handle.js';
+import { exitHeld, ProcessHandle, releaseExit } from './handle.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
 import { signalNumber } from './signals.js';
@@ -77,6 +77,39 @@ function ledByMember(session: number, live: ProcessHandle[]): boolean {
 }
 
 /**
+ * What an instance's main process left in the session it led, read while
+ * its zombie is still unreaped (the caller holds it: holdExit): a session id
+ * is its leader's pid, which nobody else can be given before the zombie is
+ * reaped, so every process in the session now was forked into it from the
+ * instance. Each is pinned and re-read in the session under its pin, and
+ * the leader is read a zombie still after the pins, or nothing is returned.
+ * The scan waits at most `scanMs`. The caller ends them and closes the pins.
+ */
+export async function sessionLeftovers(session: number, scanMs: number): Promise<ProcessHandle[]> {
+  const leaderHeld = () => {
+    const st = backend.stat(session);
+    return st !== null && st.session === session && (st.state === 'Z' || st.state === 'X');
+  };
+  if (!leaderHeld()) return [];
+  const scan = await within(backend.sessionMembers(new Set([session])), scanMs);
+  if (scan === TIMED_OUT) return [];
+  const out: ProcessHandle[] = [];
+  try {
+    for (const pid of scan) {
+      if (pid === session) continue;
+      const h = pinMember(pid, { pids: new Set(), session }, true);
+      if (h) out.push(h);
+    }
+  } catch (err) {
+    for (const h of out) h.close();
+    throw err;
+  }
+  if (leaderHeld()) return out;
+  for (const h of out) h.close();
+  return [];
+}
+
+/**
  * Every descendant of a process, each pinned by a pidfd and proven, under
  * its pin, to be the child of the member it was found under. Callers own
  * the handles (close them).
@@ -113,6 +146,11 @@ export interface MembersOptions {
   sessionProven?: boolean;
   /** Members that become our children (as a subreaper) are reaped; for custody's own instances only. */
   reapIfChild?: boolean;
+  /**
+   * The session's leader, held unreaped by the caller (holdExit): while it is, the session's id is taken, so
+   * the session counts on every pass, members or not; once it is not, only while a pinned member is in it.
+   */
+  anchor?: ProcessHandle;
 }
 
 /** A growing set of pinned members: roots, their descendants, their session. */
@@ -122,6 +160,8 @@ class MemberSet {
   readonly #session: number | null;
   /** Whether the session counts: the caller knew, or a member was seen in it during this stop (sessionHeld). */
   #sessionProven: boolean;
+  readonly #callerProven: boolean;
+  readonly #anchor: ProcessHandle | null;
   /**
    * Sessions a member or a member's child was seen to lead (ledByMember), with the leader's pidfs id (for
    * reapLeaders; null where there is none); each counts only while still proven.
@@ -133,6 +173,8 @@ class MemberSet {
     for (const r of roots) this.all.set(r.pid, r);
     this.#session = options.session ?? null;
     this.#sessionProven = options.sessionProven === true;
+    this.#callerProven = this.#sessionProven;
+    this.#anchor = options.anchor ?? null;
     this.#reap = options.reapIfChild === true;
   }
 
@@ -156,7 +198,9 @@ class MemberSet {
     for (let pass = 0; pass < 64; pass++) {
       const before = added;
       const live = [...this.all.values()].filter((m) => !m.hasExited);
-      if (this.#session !== null && !this.#sessionProven) this.#sessionProven = sessionHeld(this.#session, live);
+      if (this.#session !== null && (this.#anchor || !this.#sessionProven)) {
+        this.#sessionProven = this.#sessionHoldsNow(this.#session, live);
+      }
       const session = this.#sessionProven ? this.#session : null;
       const found = live.flatMap((m) => backend.children(m.pid));
       // A member, or a member's child (a zombie is no member, but still leads), that leads a session of its own.
@@ -211,8 +255,17 @@ class MemberSet {
     const id = h.identity;
     if (!id) return false;
     if (this.all.get(id.ppid)?.isAlive() === true) return true;
-    if (session !== null && id.session === session) return true;
+    if (session !== null && id.session === session) return !this.#anchor || this.#sessionHoldsNow(session, live);
     return this.#led.has(id.session) && this.#ledHolds(id.session, live);
+  }
+
+  /**
+   * The custody session, proven now: the caller knew, its leader is held unreaped (the anchor), or a pinned
+   * member is in it. Without an anchor, once proven it counts for the rest of the stop (a leftover forked just
+   * before its parent died is found by the last scan), which trusts that no stranger took its id meanwhile.
+   */
+  #sessionHoldsNow(session: number, live: ProcessHandle[]): boolean {
+    return this.#callerProven || (this.#anchor !== null && exitHeld(this.#anchor)) || sessionHeld(session, live);
   }
 
   /**
@@ -340,14 +393,23 @@ export async function terminateTree(
 ): Promise<TreeTerminateResult> {
   const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(root, options, 'terminateTree');
   const rootWasAlive = root.isAlive();
-  const r = await terminateMembers([root, ...(options.also ?? [])], {
-    ...options,
-    termSignal,
-    killSignal,
-    graceMs,
-    killWaitMs,
-  });
-  return { ...(await endedResult(root, rootWasAlive, r.escalated)), members: r.members };
+  // A root that leads the session and is held unreaped (a supervised main: holdExit) anchors the session
+  // until its members are ended; then it is reaped, for its status.
+  const anchor = options.session != null && options.session === root.pid && exitHeld(root) ? root : undefined;
+  try {
+    const r = await terminateMembers([root, ...(options.also ?? [])], {
+      ...options,
+      termSignal,
+      killSignal,
+      graceMs,
+      killWaitMs,
+      anchor,
+    });
+    releaseExit(root);
+    return { ...(await endedResult(root, rootWasAlive, r.escalated)), members: r.members };
+  } finally {
+    releaseExit(root);
+  }
 }
 
 export interface CgroupTerminateOptions {

@@ -12,8 +12,10 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { exitWatchesOf, type NativeBackend } from '../src/backend/native.js';
+import { holdExit, releaseExit } from '../src/handle.js';
 import { spawn } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
+import { isGone, procStat, waitFor } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -243,5 +245,43 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
       // Still reported to the first dispatcher, after the refusal.
       expect((await pending.exited).signal).toBe('SIGKILL');
     }
+  });
+
+  it.skipIf(backend.name !== 'native')(
+    'holds an exited child as a zombie until released, then reaps it with its status; never past the bound',
+    async () => {
+      const kid = spawn('/bin/sh', ['-c', 'read x; exit 7'], { stdio: ['pipe', 'ignore', 'ignore'] });
+      expect(holdExit(kid)).toBe(true);
+      let exited = false;
+      void kid.exited.then(() => (exited = true));
+      kid.stdin?.end();
+      await kid.gone;
+      // Seen, not reaped: the zombie holds the pid.
+      await new Promise((r) => setTimeout(r, 50));
+      expect(exited).toBe(false);
+      expect(procStat(kid.pid)?.[0]).toBe('Z');
+      releaseExit(kid);
+      expect(await kid.exited).toEqual({ code: 7, signal: null });
+      expect(isGone(kid.pid)).toBe(true);
+      // Nobody releases this one: reaped at the bound all the same, with its status.
+      const late = spawn('/bin/sh', ['-c', 'exit 3']);
+      expect(holdExit(late)).toBe(true);
+      const t0 = Date.now();
+      expect(await late.exited).toEqual({ code: 3, signal: null });
+      expect(Date.now() - t0).toBeGreaterThanOrEqual(1500);
+      expect(isGone(late.pid)).toBe(true);
+      // Closed while held: reaped at once.
+      const closed = spawn('/bin/sh', ['-c', 'exit 0']);
+      holdExit(closed);
+      await closed.gone;
+      closed.close();
+      await waitFor(() => isGone(closed.pid), 1000, 'the closed handle to reap its zombie');
+    },
+  );
+
+  it.skipIf(backend.name !== 'js')('cannot hold a child as a zombie: libuv reaps it', async () => {
+    const kid = spawn('/bin/sh', ['-c', 'exit 0']);
+    expect(holdExit(kid)).toBe(false);
+    expect(await kid.exited).toEqual({ code: 0, signal: null });
   });
 });

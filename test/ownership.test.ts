@@ -229,6 +229,44 @@ describe(`ownership rule (${backend.name})`, () => {
     },
   );
 
+  it.runIf(backend.name === 'native')(
+    "a stop keeps its session's id taken to its end: the main's zombie is reaped only once its members are gone",
+    async () => {
+      ctx = await openSupervisor();
+      // The main leads custody's session; its child leaves it (setsid) and outlives the main's SIGTERM by 400 ms,
+      // so the stop goes on with no member in the session: a stranger given the main's pid could lead one of that id.
+      const main = `
+import os, signal, sys, time
+if os.fork() == 0:
+    os.setsid()
+    got = []
+    signal.signal(signal.SIGTERM, lambda s, f: got.append(time.time()))
+    for _ in range(3000):
+        if got and time.time() - got[0] > 0.4:
+            os._exit(0)
+        time.sleep(0.01)
+    os._exit(0)
+time.sleep(30)
+`;
+      const inst = await ctx.supervisor.launch({ id: 'm', command: PYTHON, args: (t) => ['-c', main, t, MARKER] });
+      const child = await waitFor(() => backend.children(inst.pid)[0], 5000, 'the child');
+      await waitFor(() => procStat(child)?.[3] === String(child), 5000, 'the child to leave the session');
+      let stopped = false;
+      const stopping = ctx.supervisor.stop('m', { graceMs: 2000 }).finally(() => (stopped = true));
+      await waitFor(() => isGone(child) || procStat(inst.pid)?.[0] === 'Z', 5000, 'the main to die');
+      // Until the stop is over, the main's pid (its session's id) stays taken by its zombie.
+      const seen: string[] = [];
+      while (!stopped) {
+        seen.push(procStat(inst.pid)?.[0] ?? 'gone');
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      expect(seen.length).toBeGreaterThan(10);
+      expect(new Set(seen.slice(0, -1))).toEqual(new Set(['Z']));
+      expect(await stopping).toMatchObject({ outcome: 'exited', signal: 'SIGTERM' });
+      expect(isGone(inst.pid) && isGone(child)).toBe(true);
+    },
+  );
+
   it('a tree stop of a TERM-ignoring process that forks every 10 ms leaves no survivor', async () => {
     ctx = await openSupervisor();
     const trials = SOAK ? 50 : 5;

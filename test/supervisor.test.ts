@@ -1,3 +1,4 @@
+import { spawn as cpSpawn } from 'node:child_process';
 import { subscribe, unsubscribe } from 'node:diagnostics_channel';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -5,8 +6,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { Supervisor, verify, type CustodyEvent } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
-import { LAUNCHER, openSupervisor, PYTHON, vmArgs } from './helpers/supervisor.js';
+import { isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { LAUNCHER, openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -315,6 +316,33 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(existsSync(socket)).toBe(false);
     expect(await ctx.supervisor.stop('self')).toMatchObject({ outcome: 'already-gone' });
   });
+
+  it.skipIf(backend.name !== 'native')(
+    'a main process that exits on its own takes what it left in its session with it; a stranger is untouched',
+    async () => {
+      ctx = await openSupervisor();
+      // A stranger of ours in a session of its own, and the instance's child left behind in the instance's.
+      const stranger = cpSpawn(PERL, ['-e', 'sleep 30', '--', MARKER], { stdio: 'ignore', detached: true });
+      try {
+        const prog = `if (!fork) { exec($^X, '-e', 'sleep 60', '--', 'left', $ARGV[1]) } select(undef, undef, undef, 0.3)`;
+        const inst = await ctx.supervisor.launch({ id: 'gone', command: PERL, args: (t) => ['-e', prog, t, MARKER] });
+        const left = await waitFor(
+          () => processesWithMarker(MARKER).find((p) => p.cmd.includes(' left ')),
+          5000,
+          'the leftover',
+        );
+        await inst.exited;
+        await waitFor(() => !existsSync(join(ctx!.stateDir, 'gone')), 5000, 'the state to go');
+        expect(isGone(left.pid)).toBe(true);
+        expect(ctx.events.find((e) => e.type === 'warning' && Array.isArray(e.pids))).toMatchObject({
+          pids: [left.pid],
+        });
+        expect(isGone(stranger.pid!)).toBe(false);
+      } finally {
+        await killAndWait(stranger);
+      }
+    },
+  );
 
   it('takes the pid from a function and readiness from a check; lists the launch as starting meanwhile', async () => {
     ctx = await openSupervisor();

@@ -146,6 +146,9 @@ const MATCH_SHARDS = 2;
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
 
+/** The longest a held zombie (holdZombie) waits for releaseZombie() before it is reaped anyway. */
+const HOLD_ZOMBIE_MAX_MS = 2000;
+
 /** The status a waitid() siginfo describes (si_code, si_status): its code for a normal exit, else the signal. */
 function fromSiginfo(code: number, status: number): ExitStatus {
   return code === CLD_EXITED ? { code: status, signal: null } : decodeWaitStatus(status & 0x7f);
@@ -171,6 +174,10 @@ export class NativePidRef implements PidRef, ExitListener {
   #resolveExited: ((s: ExitStatus) => void) | undefined;
   #gone: Promise<void> | undefined;
   #resolveGone: (() => void) | undefined;
+  /** holdZombie(): the watch does not reap; a seen exit is told to #onHeld and waits for releaseZombie() or #holdTimer. */
+  #holding = false;
+  #onHeld: (() => void) | undefined;
+  #holdTimer: NodeJS.Timeout | undefined;
 
   constructor(ctx: PinContext, pid: number, fd: number, origin: Origin) {
     this.#ctx = ctx;
@@ -233,9 +240,55 @@ export class NativePidRef implements PidRef, ExitListener {
     if (this.#watcher) this.#ctx.watches.ref(this.#watcher, false);
   }
 
+  holdZombie(onHeld?: () => void): boolean {
+    // Only a child of ours can be kept a zombie: another's parent reaps it whenever it likes.
+    if (this.#origin === 'other' || this.#holding || this.#seen || this.#status || this.#fd < 0) return false;
+    this.#holding = true;
+    this.#onHeld = onHeld;
+    this.#rewatch();
+    return true;
+  }
+
+  releaseZombie(): void {
+    if (!this.#holding) return;
+    this.#holding = false;
+    this.#onHeld = undefined;
+    clearTimeout(this.#holdTimer);
+    this.#holdTimer = undefined;
+    if (!this.#seen) {
+      this.#rewatch();
+      return;
+    }
+    let reaped: { code: number; status: number } | null;
+    try {
+      const c = this.#ctx.addon.constants;
+      reaped = this.#ctx.addon.waitid(this.#fd, c.WEXITED | c.WNOHANG);
+    } catch {
+      // ECHILD: reaped by someone else meanwhile (another pin of ours that reaps, a stray waitpid(-1)).
+      this.#notReaped();
+      return;
+    }
+    if (reaped) this.#settle(fromSiginfo(reaped.code, reaped.status));
+    // Readable yet not reapable cannot last: a watch that reaps settles it when it can.
+    else this.#watcher = this.#ctx.watches.watch(this.#fd, true, this);
+  }
+
+  zombieHeld(): boolean {
+    return this.#holding && this.#status === undefined;
+  }
+
+  /** The watch again, reaping or not as #holding now says (the exit, if it came meanwhile, is reported at once). */
+  #rewatch(): void {
+    if (this.#watcher !== 0) this.#ctx.watches.unwatch(this.#watcher);
+    this.#watcher = 0;
+    this.#watch();
+  }
+
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    // A held zombie is reaped now (or, not seen yet, as usual when it comes): nobody is left to release it.
+    this.releaseZombie();
     if (this.#origin === 'spawned' && !this.#status) {
       // Keep watching, without holding the loop open, until it can be reaped.
       this.unref();
@@ -266,7 +319,7 @@ export class NativePidRef implements PidRef, ExitListener {
     // Our own children and adopted ones (re-parented to us, a subreaper) are
     // reaped by the watch as their exit is reported; another's child is not
     // ours to reap (ECHILD), so its watch does not try.
-    this.#watcher = this.#ctx.watches.watch(this.#fd, this.#origin !== 'other', this);
+    this.#watcher = this.#ctx.watches.watch(this.#fd, this.#origin !== 'other' && !this.#holding, this);
     if (!this.#refed) this.#ctx.watches.ref(this.#watcher, false);
   }
 
@@ -276,10 +329,21 @@ export class NativePidRef implements PidRef, ExitListener {
     this.#seen = true;
     this.#resolveGone?.();
     this.#resolveGone = undefined;
+    if (this.#holding) {
+      // Unref'd: a held zombie never keeps the loop alive; released (reaped) within the bound whatever happens.
+      this.#holdTimer = setTimeout(() => this.releaseZombie(), HOLD_ZOMBIE_MAX_MS).unref();
+      this.#onHeld?.();
+      return;
+    }
     if (code > 0) {
       this.#settle(fromSiginfo(code, status));
       return;
     }
+    this.#notReaped();
+  }
+
+  /** Gone, and not reaped by this pin: its status is someone else's to take. */
+  #notReaped(): void {
     if (this.#origin === 'spawned') {
       // ECHILD: something else reaped our child (a SIG_IGN'd SIGCHLD, a
       // stray waitpid(-1)). It is gone all the same; its status is lost.
@@ -287,7 +351,7 @@ export class NativePidRef implements PidRef, ExitListener {
       return;
     }
     // Adopted but someone else's child after all, or never ours: its status
-    // exists once its own parent reaps it.
+    // exists once its own parent reaps it (PIDFD_INFO_EXIT).
     void this.#awaitExitInfo().then((s) => this.#settle(s));
   }
 

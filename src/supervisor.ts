@@ -488,9 +488,22 @@ export class Supervisor {
   async #endLeftovers(t: Running, leftovers: ProcessHandle[]): Promise<void> {
     const { id } = t.instance;
     try {
-      const { members } = await terminateMembers(leftovers, { session: t.session, reapIfChild: true, graceMs: 0 });
+      // The leader is reaped: the session counts only while one of them is in it.
+      const { members } = await terminateMembers(leftovers, {
+        session: t.session,
+        sessionEachPass: true,
+        reapIfChild: true,
+        graceMs: 0,
+      });
       const message = `${id}: ${members.length} process(es) its main process left in its session were killed`;
       this.#emit('warning', { id, pids: members, message });
+    } catch (err) {
+      // One that cannot be signalled (EPERM: another uid's): said, and the main's state goes all the same.
+      this.#emit('warning', {
+        id,
+        pids: leftovers.map((h) => h.pid),
+        message: `${id}: could not end what its main process left in its session: ${(err as Error).message}`,
+      });
     } finally {
       for (const h of leftovers) h.close();
       t.leftovers = undefined;

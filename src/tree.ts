@@ -151,6 +151,12 @@ export interface MembersOptions {
    * the session counts on every pass, members or not; once it is not, only while a pinned member is in it.
    */
   anchor?: ProcessHandle;
+  /**
+   * The session counts on a pass only while a pinned member is in it (or the anchor holds), never for the rest
+   * of the call once proven: for members found after their session's leader was reaped (an exited main's
+   * leftovers), whose last scan could otherwise find a stranger that took the leader's pid.
+   */
+  sessionEachPass?: boolean;
 }
 
 /** A growing set of pinned members: roots, their descendants, their session. */
@@ -162,6 +168,8 @@ class MemberSet {
   #sessionProven: boolean;
   readonly #callerProven: boolean;
   readonly #anchor: ProcessHandle | null;
+  /** The session is proven again on every pass (an anchor, or sessionEachPass), never latched. */
+  readonly #eachPass: boolean;
   /**
    * Sessions a member or a member's child was seen to lead (ledByMember), with the leader's pidfs id (for
    * reapLeaders; null where there is none); each counts only while still proven.
@@ -175,6 +183,7 @@ class MemberSet {
     this.#sessionProven = options.sessionProven === true;
     this.#callerProven = this.#sessionProven;
     this.#anchor = options.anchor ?? null;
+    this.#eachPass = this.#anchor !== null || options.sessionEachPass === true;
     this.#reap = options.reapIfChild === true;
   }
 
@@ -198,7 +207,7 @@ class MemberSet {
     for (let pass = 0; pass < 64; pass++) {
       const before = added;
       const live = [...this.all.values()].filter((m) => !m.hasExited);
-      if (this.#session !== null && (this.#anchor || !this.#sessionProven)) {
+      if (this.#session !== null && (this.#eachPass || !this.#sessionProven)) {
         this.#sessionProven = this.#sessionHoldsNow(this.#session, live);
       }
       const session = this.#sessionProven ? this.#session : null;
@@ -255,7 +264,7 @@ class MemberSet {
     const id = h.identity;
     if (!id) return false;
     if (this.all.get(id.ppid)?.isAlive() === true) return true;
-    if (session !== null && id.session === session) return !this.#anchor || this.#sessionHoldsNow(session, live);
+    if (session !== null && id.session === session) return !this.#eachPass || this.#sessionHoldsNow(session, live);
     return this.#led.has(id.session) && this.#ledHolds(id.session, live);
   }
 

@@ -476,34 +476,33 @@ export class NativeBackend extends ProcReads implements Backend {
   }
 
   reapZombie(pid: number, pidfsId?: string): boolean {
-    let fd: number;
-    try {
-      fd = this.#addon.pidfdOpen(pid);
-    } catch {
-      return false;
-    }
-    try {
+    return this.#onPidfd(pid, false, (fd) => {
       if (pidfsId !== undefined && pidfsIdOf(this.#addon, fd) !== pidfsId) return false;
-      const c = this.#addon.constants;
-      return this.#addon.waitid(fd, c.WEXITED | c.WNOHANG) !== null;
-    } catch {
-      // ECHILD: not ours to reap after all
-      return false;
-    } finally {
-      this.#addon.close(fd);
-    }
+      try {
+        const c = this.#addon.constants;
+        return this.#addon.waitid(fd, c.WEXITED | c.WNOHANG) !== null;
+      } catch {
+        // ECHILD: not ours to reap after all
+        return false;
+      }
+    });
   }
 
   pidfsIdOf(pid: number): string | null {
+    // pidfd_open takes a zombie too: its task is there until it is reaped.
+    return this.#onPidfd(pid, null, (fd) => pidfsIdOf(this.#addon, fd));
+  }
+
+  /** `use` of a pidfd on pid, closed after; `none` where there is no such process (or no fd to open it with). */
+  #onPidfd<T>(pid: number, none: T, use: (fd: number) => T): T {
     let fd: number;
     try {
-      // pidfd_open takes a zombie too: its task is there until it is reaped.
       fd = this.#addon.pidfdOpen(pid);
     } catch {
-      return null;
+      return none;
     }
     try {
-      return pidfsIdOf(this.#addon, fd);
+      return use(fd);
     } finally {
       this.#addon.close(fd);
     }

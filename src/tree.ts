@@ -212,9 +212,12 @@ class MemberSet {
       }
       const session = this.#sessionProven ? this.#session : null;
       const found = live.flatMap((m) => backend.children(m.pid));
-      // A member, or a member's child (a zombie is no member, but still leads), that leads a session of its own.
-      for (const pid of [...live.map((m) => m.pid), ...found]) {
-        if (this.#led.has(pid) || pid === session || backend.stat(pid)?.session !== pid) continue;
+      // A member's child that leads a session of its own and is no live member (a zombie is none, but still
+      // leads). A live member's session needs no proof: everything in it descends from it, found by descent.
+      for (const pid of found) {
+        const pinned = this.all.get(pid);
+        if ((pinned && !pinned.hasExited) || this.#led.has(pid) || pid === session) continue;
+        if (backend.stat(pid)?.session !== pid) continue;
         // Read before the proof, so that the proof covers the process the id names.
         const id = this.#reap ? backend.pidfsIdOf(pid) : null;
         if (ledByMember(pid, live)) this.#led.set(pid, id);
@@ -258,7 +261,8 @@ class MemberSet {
    * its parent, a pinned member, is alive still (so the ppid it showed was
    * that member's, not a later owner's of the pid), or the led session it
    * is in is still proven (its id may have been freed and taken by a
-   * stranger's setsid meanwhile). The custody session is as the pass found it.
+   * stranger's setsid meanwhile). The custody session: as the pass found
+   * it, or, where it is proven on each pass, still proven now.
    */
   #stillProven(h: ProcessHandle, session: number | null, live: ProcessHandle[]): boolean {
     const id = h.identity;
@@ -270,8 +274,9 @@ class MemberSet {
 
   /**
    * The custody session, proven now: the caller knew, its leader is held unreaped (the anchor), or a pinned
-   * member is in it. Without an anchor, once proven it counts for the rest of the stop (a leftover forked just
-   * before its parent died is found by the last scan), which trusts that no stranger took its id meanwhile.
+   * member is in it. Unless it is proven on each pass (an anchor, sessionEachPass), once proven it counts for
+   * the rest of the stop (a leftover forked just before its parent died is found by the last scan), which
+   * trusts that no stranger took its id meanwhile.
    */
   #sessionHoldsNow(session: number, live: ProcessHandle[]): boolean {
     return this.#callerProven || (this.#anchor !== null && exitHeld(this.#anchor)) || sessionHeld(session, live);

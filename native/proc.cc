@@ -454,11 +454,43 @@ int ForEachPid(const std::string& root, const char** call, Visit visit) {
   }
 }
 
+// The address-space layout a stat line shows: "startcode:start_brk:startstack"
+// (fields 26, 47 and 28, 1-based), as the kernel printed them. A fork shares
+// (CLONE_VM) or copies (fork) its parent's mm, so until its execve it shows
+// exactly its parent's; the kernel randomizes them at every exec (ASLR), and
+// prints 0 for a process without an mm (a zombie, a kernel thread) or one the
+// reader may not ptrace-read. Needs the fields Linux 3.3 added; false when
+// the line has fewer.
+bool StatImage(const std::string& text, std::string* out, unsigned long long* flags) {
+  size_t close = text.rfind(')');
+  if (close == std::string::npos) return false;
+  const char* p = text.c_str() + close + 1;
+  std::string code, brk, stack;
+  for (int field = 0; field <= 44; field++) {
+    while (*p == ' ') p++;
+    if (*p == '\0' || *p == '\n') return false;
+    const char* start = p;
+    while (*p != ' ' && *p != '\0' && *p != '\n') p++;
+    if (field == 6) *flags = strtoull(start, nullptr, 10);
+    if (field == 23) code.assign(start, p);
+    if (field == 25) stack.assign(start, p);
+    if (field == 44) brk.assign(start, p);
+  }
+  *out = code + ":" + brk + ":" + stack;
+  return true;
+}
+
 // One row of a process-table scan, gathered off the JavaScript thread.
 struct ScanRow {
   Stat stat;
   long long owner_uid;
   std::string cmdline;
+  // Which of the wanted images (see StatImage) the process shows; -1: none.
+  int image = -1;
+  // The kernel's per-task flags (field 9): PF_KTHREAD tells a kernel thread
+  // from a process inside execve, both without argv or layout. Read only
+  // with images.
+  unsigned long long flags = 0;
 };
 
 // Reads every numeric entry of the proc root: stat and cmdline through a
@@ -467,8 +499,12 @@ struct ScanRow {
 // A process that vanishes mid-scan is skipped; any other failure (EMFILE
 // with a few free fds, ENOMEM) ends the scan with its errno and the call
 // that failed, because skipping it would report a live process as absent.
-int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const char** call) {
+// images: nullptr, or the layouts to compare every row's with (then each
+// row's flags are read too).
+int ScanProcesses(const std::string& root, const std::vector<std::string>* images, std::vector<ScanRow>* rows,
+                  const char** call) {
   std::string stat_text;
+  std::string image;
   return ForEachPid(root, call, [&](int rootfd, const char* name) -> int {
     *call = "openat";
     int pdir = static_cast<int>(CUSTODY_RETRY_EINTR(openat(rootfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
@@ -478,6 +514,10 @@ int ScanProcesses(const std::string& root, std::vector<ScanRow>* rows, const cha
     *call = "read";
     int err = ReadAt(pdir, "stat", &stat_text);
     if (err == 0 && !ParseStat(stat_text, &row.stat)) err = EPROTO;
+    if (err == 0 && images != nullptr && StatImage(stat_text, &image, &row.flags)) {
+      for (size_t k = 0; k < images->size(); k++)
+        if ((*images)[k] == image) row.image = static_cast<int>(k);
+    }
     Fd thread(-1);
     if (err == 0 && row.stat.state == 'Z') {
       // A zombie leader with live threads: its argv is readable from them.
@@ -539,16 +579,20 @@ class ProcWorker : public Napi::AsyncWorker {
   const char* call_ = "readdir";
 };
 
-// listProcesses(procRoot) -> Promise of a flat array, per process
-//   [pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv]
-// The result crosses as one flat array (no per-process objects). Nothing
-// here is proof of identity; callers inspect() a candidate first.
+// listProcesses(procRoot[, images]) -> Promise of a flat array, per process
+//   [pid, ppid, pgrp, session, ownerUid, startTicks, state, (image, flags,) argc, ...argv]
+// image (only when images were given, even none) is the index of the one of them the
+// process's address-space layout equals (StatImage), or -1; flags, the
+// task's flags (field 9) beside it. The result
+// crosses as one flat array (no per-process objects). Nothing here is proof
+// of identity; callers inspect() a candidate first.
 class ScanWorker : public ProcWorker {
  public:
-  ScanWorker(Napi::Env env, std::string root) : ProcWorker(env, "custody:scan"), root_(std::move(root)) {}
+  ScanWorker(Napi::Env env, std::string root, bool layout, std::vector<std::string> images)
+      : ProcWorker(env, "custody:scan"), root_(std::move(root)), layout_(layout), images_(std::move(images)) {}
 
  protected:
-  int Run(const char** call) override { return ScanProcesses(root_, &rows_, call); }
+  int Run(const char** call) override { return ScanProcesses(root_, layout_ ? &images_ : nullptr, &rows_, call); }
 
   Napi::Value Result(Napi::Env env) override {
     Napi::Array out = Napi::Array::New(env);
@@ -561,6 +605,10 @@ class ScanWorker : public ProcWorker {
       out.Set(i++, Napi::Number::New(env, static_cast<double>(r.owner_uid)));
       out.Set(i++, Napi::Number::New(env, static_cast<double>(r.stat.start_ticks)));
       out.Set(i++, Napi::String::New(env, &r.stat.state, 1));
+      if (layout_) {
+        out.Set(i++, Napi::Number::New(env, r.image));
+        out.Set(i++, Napi::Number::New(env, static_cast<double>(r.flags)));
+      }
       const uint32_t argc_slot = i++;
       uint32_t argc = 0;
       size_t start = 0;
@@ -578,6 +626,8 @@ class ScanWorker : public ProcWorker {
 
  private:
   std::string root_;
+  bool layout_;  // images were given (even none): the two slots are in every row
+  std::vector<std::string> images_;
   std::vector<ScanRow> rows_;
 };
 
@@ -727,9 +777,32 @@ Napi::Value ListSessions(const Napi::CallbackInfo& info) {
   return promise;
 }
 
+// The most images one scan compares (a recovery asks for one per supervisor
+// whose interrupted launches it finds), and the longest: three 20-digit
+// numbers and two colons.
+constexpr uint32_t kMaxImages = 64;
+constexpr size_t kMaxImageLength = 62;
+
 Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
   std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
-  auto* worker = new ScanWorker(info.Env(), root);  // deleted by N-API once done
+  std::vector<std::string> images;
+  const bool layout = info.Length() > 1 && !info[1].IsUndefined();
+  if (layout) {
+    if (!info[1].IsArray()) throw Napi::TypeError::New(env, "images must be an array of strings");
+    Napi::Array arr = info[1].As<Napi::Array>();
+    if (arr.Length() > kMaxImages) throw Napi::RangeError::New(env, "images: at most 64");
+    for (uint32_t k = 0; k < arr.Length(); k++) {
+      Napi::Value v = arr.Get(k);
+      if (!v.IsString()) throw Napi::TypeError::New(env, "images must be an array of strings");
+      std::string image = v.As<Napi::String>().Utf8Value();
+      if (image.empty() || image.size() > kMaxImageLength ||
+          image.find_first_not_of("0123456789:") != std::string::npos)
+        throw Napi::RangeError::New(env, "an image is \"startcode:start_brk:startstack\" in decimal");
+      images.push_back(std::move(image));
+    }
+  }
+  auto* worker = new ScanWorker(env, root, layout, std::move(images));  // deleted by N-API once done
   Napi::Promise promise = worker->Promise();
   worker->Queue();
   return promise;

@@ -40,6 +40,46 @@ export function parseStat(text: string): StatFields | null {
   return { pid, comm: text.slice(open + 1, close), state, ppid, pgrp, session, startTicks };
 }
 
+/** The flag (field 9 of /proc/<pid>/stat) of a kernel thread: include/linux/sched.h. */
+export const PF_KTHREAD = 0x00200000;
+
+/** The fields after comm (the last ')') of a /proc/<pid>/stat line: [0] is field 3, the state. */
+const fieldsAfterComm = (text: string) =>
+  text
+    .slice(text.lastIndexOf(')') + 1)
+    .trim()
+    .split(/ +/);
+
+/**
+ * From one /proc/<pid>/stat line: the address-space layout it shows, as
+ * "startcode:start_brk:startstack" (fields 26, 47 and 28), and whether it is
+ * a kernel thread's (PF_KTHREAD in field 9). A fork shares or copies its
+ * parent's memory, so until it execs it shows exactly its parent's layout;
+ * every exec draws a new one (where addresses are randomized). image is null
+ * where the line shows none: no memory (a zombie, a kernel thread, a process
+ * inside execve), a reader the kernel hides it from (zeros), a kernel before 3.3.
+ */
+export function parseLayout(text: string): { image: string | null; kernelThread: boolean } {
+  const rest = fieldsAfterComm(text);
+  const flags = Number(rest[6]);
+  const fields = [rest[23], rest[44], rest[25]];
+  const shown = fields.every((f) => f !== undefined && /^\d{1,20}$/.test(f) && !/^0+$/.test(f));
+  return {
+    image: shown ? fields.join(':') : null,
+    kernelThread: Number.isSafeInteger(flags) && (flags & PF_KTHREAD) !== 0,
+  };
+}
+
+/** The address-space layout of a /proc/<pid>/stat line (parseLayout), or null. */
+export function parseImage(text: string): string | null {
+  return parseLayout(text).image;
+}
+
+/** Whether a /proc/<pid>/stat line is a kernel thread's (parseLayout). */
+export function isKernelThreadStat(text: string): boolean {
+  return parseLayout(text).kernelThread;
+}
+
 /**
  * Splits /proc/<pid>/cmdline on NUL. A trailing NUL ends the last argument;
  * a process that rewrote its argv may leave none, and its last piece still

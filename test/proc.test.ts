@@ -1,7 +1,15 @@
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
-import { parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
+import { imageOf } from '../src/backend/procview.js';
+import { isKernelThreadStat, parseImage, parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
+import { expectNoLeaks } from './helpers/leaks.js';
+import { MARKER } from './helpers/procs.js';
+import { PERL, PYTHON } from './helpers/supervisor.js';
+
+expectNoLeaks({ marker: MARKER });
 
 // The kernel's own layout: 52 fields; starttime is field 22.
 function statLine(pid: number, comm: string, state = 'S', ppid = 1, start = 123456): string {
@@ -76,5 +84,87 @@ describe('parseStatusUid', () => {
   it('reads the real uid', () => {
     expect(parseStatusUid('Name:\tx\nUid:\t1000\t0\t0\t0\nGid:\t0\t0\t0\t0\n')).toBe(1000);
     expect(parseStatusUid('Name:\tx\n')).toBe(-1);
+  });
+});
+
+describe('parseImage and isKernelThreadStat', () => {
+  // A 52-field line: fields 9 (flags), 26 (startcode), 28 (startstack) and 47 (start_brk) as given.
+  const withLayout = (comm: string, code: string, stack: string, brk: string, flags = 4194560) => {
+    const rest = Array.from({ length: 50 }, () => '0');
+    rest[0] = 'S';
+    rest[6] = String(flags);
+    rest[23] = code;
+    rest[25] = stack;
+    rest[44] = brk;
+    return `9 (${comm}) ${rest.join(' ')}\n`;
+  };
+
+  it('reads startcode:start_brk:startstack after the last parenthesis', () => {
+    expect(parseImage(withLayout('a) (b', '4194304', '140735000000000', '35000000'))).toBe(
+      '4194304:35000000:140735000000000',
+    );
+  });
+
+  it('is null where the kernel shows no layout: zeros (no memory, or hidden from the reader), a short line', () => {
+    expect(parseImage(withLayout('x', '0', '0', '0'))).toBeNull();
+    expect(parseImage(withLayout('x', '4194304', '0', '35000000'))).toBeNull();
+    expect(parseImage('9 (x) S 1 2 3 0 -1')).toBeNull();
+  });
+
+  it('tells a kernel thread by PF_KTHREAD in field 9', () => {
+    expect(isKernelThreadStat(withLayout('kworker/0:1', '0', '0', '0', 0x00208040))).toBe(true);
+    expect(isKernelThreadStat(withLayout('sleep', '1', '2', '3', 4194560))).toBe(false);
+  });
+});
+
+describe(`a fork's layout on the ${backend.name} backend`, () => {
+  it("a fork shows its parent's layout until it execs, then its own; a scan asked for it finds both", async () => {
+    // The parent forks a child that waits 0.5 s before it execs perl, as a launch's child does before its exec.
+    const parent = spawn(
+      PYTHON,
+      [
+        '-c',
+        'import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(0.5)\n    os.execv(sys.argv[1], [sys.argv[1], "-e", "sleep 30", sys.argv[2]])\nprint(pid, flush=True)\ntime.sleep(30)',
+        PERL,
+        MARKER,
+      ],
+      { stdio: ['ignore', 'pipe', 'ignore'] },
+    );
+    try {
+      const child = Number(await new Promise<string>((r) => parent.stdout!.once('data', (d) => r(String(d)))));
+      const image = imageOf(parent.pid!);
+      expect(image).toMatch(/^\d+:\d+:\d+$/);
+      expect(imageOf(child)).toBe(image);
+      expect(backend.execStage(child, image!)).toBe('fork');
+      const rows = await backend.listProcesses(undefined, [image!]);
+      expect(
+        rows
+          .filter((r) => r.image === image)
+          .map((r) => r.pid)
+          .sort(),
+      ).toEqual([parent.pid, child].sort());
+      // Kernel threads are marked when asked (kthreadd is pid 2 where this is the host's pid namespace); a scan not asked marks nothing.
+      const kthreads = rows.filter((r) => r.kernelThread);
+      expect(kthreads.filter((r) => r.argv.length > 0)).toEqual([]);
+      const kthreadd = readFileSync('/proc/2/stat', 'latin1');
+      if (isKernelThreadStat(kthreadd)) expect(kthreads.map((r) => r.pid)).toContain(2);
+      expect((await backend.listProcesses()).some((r) => r.image !== undefined || r.kernelThread !== undefined)).toBe(
+        false,
+      );
+      for (let i = 0; i < 300 && backend.execStage(child, image!) !== 'done'; i++)
+        await new Promise((r) => setTimeout(r, 10));
+      expect(backend.execStage(child, image!)).toBe('done');
+      expect(imageOf(child)).not.toBe(image);
+      expect(imageOf(child)).toMatch(/^\d+:\d+:\d+$/);
+      process.kill(child, 'SIGKILL');
+      for (let i = 0; i < 300 && backend.execStage(child, image!) !== 'gone'; i++)
+        await new Promise((r) => setTimeout(r, 10));
+      expect(backend.execStage(child, image!)).toBe('gone');
+    } finally {
+      parent.kill('SIGKILL');
+      await new Promise((r) =>
+        parent.exitCode !== null || parent.signalCode !== null ? r(null) : parent.once('exit', r),
+      );
+    }
   });
 });

@@ -57,7 +57,7 @@ export interface NativeAddon {
   /** The pids whose cmdline is argv; with shards, only those whose pid % shards is shard. */
   matchArgv(procRoot: string | undefined, argv: readonly string[], shard?: number, shards?: number): Promise<number[]>;
   /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
-  listProcesses(procRoot?: string): Promise<Array<string | number>>;
+  listProcesses(procRoot?: string, images?: readonly string[]): Promise<Array<string | number>>;
   /** [pid, session, ...] of every process, read on the threadpool. */
   listSessions(procRoot: string): Promise<Int32Array>;
   /**

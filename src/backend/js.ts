@@ -21,7 +21,7 @@ import {
 import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { type ErrnoCode, errnoError, isErrnoCode, NotAProcessError, UnsupportedError } from '../errors.js';
-import { parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
+import { parseLayout, parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
 import { assertOwnProc, ownPidNs, ProcReads } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
@@ -477,8 +477,9 @@ export class JsBackend extends ProcReads implements Backend {
     return out;
   }
 
-  async listProcesses(procRoot = '/proc'): Promise<ProcEntry[]> {
+  async listProcesses(procRoot = '/proc', images?: readonly string[]): Promise<ProcEntry[]> {
     assertOwnProc(procRoot);
+    const wanted = images ? new Set(images) : null;
     const out: ProcEntry[] = [];
     for (const name of readdirSync(procRoot)) {
       if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
@@ -486,8 +487,10 @@ export class JsBackend extends ProcReads implements Backend {
       // A process that vanished mid-scan is skipped; any other failure
       // (EMFILE, ENOMEM) is thrown: skipping would report a live process as absent.
       try {
-        const stat = parseStat(readFileSync(`${dir}/stat`, 'latin1'));
+        const text = readFileSync(`${dir}/stat`, 'latin1');
+        const stat = parseStat(text);
         if (!stat) continue;
+        const layout = wanted ? parseLayout(text) : null;
         let state = stat.state;
         let src = dir;
         if (isDead(state)) {
@@ -497,7 +500,7 @@ export class JsBackend extends ProcReads implements Backend {
         const argv = splitCmdlineBytes(readFileSync(`${src}/cmdline`));
         // The directory's owner, as the native scan reads it: a hint only.
         const uid = statSync(dir).uid;
-        out.push({
+        const row: ProcEntry = {
           pid: stat.pid,
           ppid: stat.ppid,
           pgrp: stat.pgrp,
@@ -506,7 +509,10 @@ export class JsBackend extends ProcReads implements Backend {
           state,
           startTicks: stat.startTicks,
           argv,
-        });
+        };
+        if (layout?.image && wanted?.has(layout.image)) row.image = layout.image;
+        if (layout?.kernelThread) row.kernelThread = true;
+        out.push(row);
       } catch (err) {
         if (!vanished(err)) throw err;
       }

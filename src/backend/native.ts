@@ -8,7 +8,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
 import { NotAProcessError } from '../errors.js';
-import { parseStatusField } from '../proc.js';
+import { PF_KTHREAD, parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
 import { backoff } from '../timing.js';
 import { assertOwnProc, ownPidNs, ProcReads } from './procview.js';
@@ -543,9 +543,10 @@ export class NativeBackend extends ProcReads implements Backend {
     return parts.flat().sort((a, b) => a - b);
   }
 
-  async listProcesses(procRoot?: string): Promise<ProcEntry[]> {
+  async listProcesses(procRoot?: string, images?: readonly string[]): Promise<ProcEntry[]> {
     assertOwnProc(procRoot);
-    const flat = await this.#addon.listProcesses(procRoot);
+    const asked = images !== undefined;
+    const flat = await this.#addon.listProcesses(procRoot, images);
     const out: ProcEntry[] = [];
     for (let i = 0; i < flat.length; ) {
       const pid = flat[i] as number;
@@ -555,10 +556,16 @@ export class NativeBackend extends ProcReads implements Backend {
       const uid = flat[i + 4] as number;
       const startTicks = flat[i + 5] as number;
       const state = flat[i + 6] as string;
-      const argc = flat[i + 7] as number;
-      const argv = flat.slice(i + 8, i + 8 + argc) as string[];
-      i += 8 + argc;
-      out.push({ pid, ppid, pgrp, session, uid, startTicks, state, argv });
+      // With images, two more slots: the index of the image the process shows (or -1), and its flags.
+      const image = asked ? images[flat[i + 7] as number] : undefined;
+      const at = asked ? i + 9 : i + 7;
+      const argc = flat[at] as number;
+      const argv = flat.slice(at + 1, at + 1 + argc) as string[];
+      i = at + 1 + argc;
+      const row: ProcEntry = { pid, ppid, pgrp, session, uid, startTicks, state, argv };
+      if (image !== undefined) row.image = image;
+      if (asked && ((flat[at - 1] as number) & PF_KTHREAD) !== 0) row.kernelThread = true;
+      out.push(row);
     }
     return out;
   }

@@ -19,7 +19,7 @@ import {
 import { readdir, readFile } from 'node:fs/promises';
 import { decodeArg } from '../bytes.js';
 import { errnoError, ForeignProcError } from '../errors.js';
-import { parseStat, type StatFields } from '../proc.js';
+import { parseImage, parseStat, type StatFields } from '../proc.js';
 import type { PidRef } from './types.js';
 import { UnprovenPidRef } from './unproven.js';
 
@@ -61,6 +61,70 @@ export function readStatOf(pid: number, procRoot = '/proc'): StatFields | null {
     if (gone(err)) return null;
     throw err;
   }
+}
+
+/** The address-space layout /proc/<pid>/stat shows (parseImage), or null: none shown, or no such process. */
+export function imageOf(pid: number, procRoot = '/proc'): string | null {
+  try {
+    return parseImage(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'));
+  } catch (err) {
+    if (gone(err)) return null;
+    throw err;
+  }
+}
+
+/**
+ * Where a process that showed `image` (a fork of the process with that
+ * layout) is in its exec: still the fork ('fork'); inside execve ('exec':
+ * between the switch to the new memory and the new argv, /proc shows a
+ * layout of zeros and an empty cmdline, for as long as the kernel takes,
+ * which under load is milliseconds); past it ('done': a new layout and an
+ * argv, or a pid that names another process now); or gone (exited: a
+ * zombie, or no such pid).
+ */
+export type ExecStage = 'fork' | 'exec' | 'done' | 'gone';
+
+export function execStageOf(pid: number, image: string, procRoot = '/proc'): ExecStage {
+  let text: string;
+  let cmdline: Buffer;
+  try {
+    text = readFileSync(`${procRoot}/${pid}/stat`, 'latin1');
+    if (parseImage(text) === image) return 'fork';
+    cmdline = readFileSync(`${procRoot}/${pid}/cmdline`);
+  } catch (err) {
+    if (gone(err)) return 'gone';
+    throw err;
+  }
+  const state = parseStat(text)?.state;
+  if (state === undefined || state === 'Z' || state === 'X') return 'gone';
+  return cmdline.length === 0 ? 'exec' : 'done';
+}
+
+let forkImageCache: string | null | undefined;
+
+/** personality(2)'s ADDR_NO_RANDOMIZE (setarch -R, a debugger's choice): this process's layout was not drawn at random. */
+const ADDR_NO_RANDOMIZE = 0x0040000;
+
+/**
+ * What any fork of this process shows until it execs: our own layout
+ * (parseImage), fixed at our exec. null where it would not tell our forks
+ * from other processes of our program: addresses not randomized (the
+ * sysctl kernel.randomize_va_space is 0, or our personality says
+ * ADDR_NO_RANDOMIZE), or /proc shows none.
+ */
+export function ownForkImage(): string | null {
+  if (forkImageCache !== undefined) return forkImageCache;
+  let image: string | null = null;
+  try {
+    const randomized =
+      readFileSync('/proc/sys/kernel/randomize_va_space', 'latin1').trim() !== '0' &&
+      (Number.parseInt(readFileSync('/proc/self/personality', 'latin1'), 16) & ADDR_NO_RANDOMIZE) === 0;
+    if (randomized) image = parseImage(readFileSync('/proc/self/stat', 'latin1'));
+  } catch {
+    // no /proc, or one that hides these: no image
+  }
+  forkImageCache = image;
+  return image;
 }
 
 /**
@@ -280,6 +344,10 @@ export function readMountinfo(): string {
 export abstract class ProcReads {
   stat(pid: number): StatFields | null {
     return readStatOf(pid);
+  }
+
+  execStage(pid: number, image: string): ExecStage {
+    return execStageOf(pid, image);
   }
 
   children(pid: number): number[] {

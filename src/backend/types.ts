@@ -6,6 +6,7 @@
 import type { Readable, Writable } from 'node:stream';
 import type { StatFields } from '../proc.js';
 import type { Capabilities, ExitStatus } from '../types.js';
+import type { ExecStage } from './procview.js';
 
 /** What one inspection of /proc/<pid> yields, before policy adds the boot id. */
 export interface RawIdentity {
@@ -37,6 +38,10 @@ export interface ProcEntry {
   state: string;
   startTicks: number;
   argv: string[];
+  /** Set only by a scan asked for images: the one of them this process's address-space layout equals. */
+  image?: string;
+  /** Set (true) only by a scan asked for images, for a kernel thread: no argv, no layout, never in an exec. */
+  kernelThread?: boolean;
 }
 
 /**
@@ -186,8 +191,14 @@ export interface Backend {
    * proof: each is inspected under a pin. Exhaustion is thrown.
    */
   matchArgv(argv: readonly string[], procRoot?: string): Promise<number[]>;
-  /** Scans the process table (off the event loop on the native backend). */
-  listProcesses(procRoot?: string): Promise<ProcEntry[]>;
+  /**
+   * Scans the process table (off the event loop on the native backend). With `images` (layouts as
+   * parseImage gives them; none is an answer too), each process whose layout is one of them has it as
+   * `image`, and each kernel thread is marked `kernelThread`.
+   */
+  listProcesses(procRoot?: string, images?: readonly string[]): Promise<ProcEntry[]>;
+  /** Where a process that showed `image` (a fork of the process with that layout) is in its exec (procview's execStageOf). */
+  execStage(pid: number, image: string): ExecStage;
   /**
    * /proc/<pid>/environ of the pinned process: at most maxBytes (a prefix beyond). Read, then checked against
    * the pin: ESRCH when its process is gone (the read may have been of a later owner of the pid, and is

@@ -483,11 +483,15 @@ async function keepOnlyRunning(store) {
   return { running, removed };
 }
 
-/** The pid of a process that has exited: the supervisor of an interrupted launch is gone. */
-function deadPid() {
-  const r = spawnSync('/bin/true');
-  if (r.error || !r.pid) throw new Error(`/bin/true: ${r.error?.message ?? 'no pid'}`);
-  return r.pid;
+/**
+ * A process that has exited, the supervisor of an interrupted launch: its pid, and the memory layout
+ * it showed (its manifest's forkImage), which no live process shows now.
+ */
+function deadSupervisor() {
+  const r = spawnSync('/bin/sh', ['-c', 'cat /proc/$$/stat'], { encoding: 'latin1' });
+  if (r.error || !r.pid) throw new Error(`/bin/sh: ${r.error?.message ?? 'no pid'}`);
+  const f = r.stdout.slice(r.stdout.lastIndexOf(')') + 2).split(' ');
+  return { pid: r.pid, image: [f[23], f[44], f[25]].join(':') };
 }
 
 async function worker([stateDir, interruptedArg, runningArg]) {
@@ -512,7 +516,7 @@ async function worker([stateDir, interruptedArg, runningArg]) {
     throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
   // Every manifest left is a running one.
   const template = store.read(store.ids()[0]);
-  const gonePid = deadPid();
+  const gone = deadSupervisor();
   const now = new Date().toISOString();
   for (let k = 0; k < interrupted; k++) {
     const token = randomBytes(16).toString('hex');
@@ -523,7 +527,8 @@ async function worker([stateDir, interruptedArg, runningArg]) {
       state: 'starting',
       identity: null,
       args: template.args.map((a) => a.split(template.token).join(token)),
-      supervisorPid: gonePid,
+      supervisorPid: gone.pid,
+      forkImage: gone.image,
       createdAt: now,
       updatedAt: now,
       quarantine: null,

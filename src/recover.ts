@@ -23,7 +23,7 @@ import { fsPath } from './bytes.js';
 import { backend, capabilities } from './backend/index.js';
 import type { ProcEntry } from './backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from './cgroup.js';
-import { BadManifestError, BadPidfileError } from './errors.js';
+import { BadManifestError, BadPidfileError, errnoError } from './errors.js';
 import type { Emit } from './events.js';
 import { ProcessHandle, resolveExecutable } from './handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from './identity.js';
@@ -130,6 +130,30 @@ function launcherClaim(m: Manifest): Claim {
   const program = { argv: [m.command, ...m.args] };
   return { token: m.token, expect: [], program, launcherExe: null, uid: m.uid ?? null, tokenMode };
 }
+
+/**
+ * What of a scan may be a fork of a supervisor that has not become its program yet: by image, the
+ * processes that showed one of the images asked for (never this process); and every process caught
+ * inside an execve, which shows no argv and no layout at all, so whose fork it was cannot be told.
+ */
+interface Forks {
+  byImage: Map<string, number[]>;
+  inExec: number[];
+}
+
+function forksOf(rows: ProcEntry[]): Forks {
+  const out: Forks = { byImage: new Map(), inExec: [] };
+  for (const row of rows) {
+    if (row.pid === process.pid) continue;
+    if (row.image !== undefined) out.byImage.set(row.image, [...(out.byImage.get(row.image) ?? []), row.pid]);
+    else if (inExec(row)) out.inExec.push(row.pid);
+  }
+  return out;
+}
+
+/** No argv while alive, and no kernel thread: inside an execve (or an exit) for now. */
+const inExec = (row: ProcEntry) =>
+  row.argv.length === 0 && row.state !== 'Z' && row.state !== 'X' && row.kernelThread !== true;
 
 /** Env tokens found in one scan: CUSTODY_TOKEN's value -> pids, and the processes whose environment may not be read. */
 interface EnvIndex {
@@ -311,11 +335,17 @@ export interface StartingFacts {
   pidfileRefused?: boolean;
   /** Candidates whose environment may not be read. */
   unreadable: number;
+  /**
+   * Forks of the supervisor that wrote the manifest that have not exec'd yet (they show its
+   * address-space layout); undefined: not looked at since the last wait.
+   */
+  preExec?: number;
 }
 
 export type StartingStep =
   | Outcome
   | { do: 'count-carriers' }
+  | { do: 'look-forks' }
   | { do: 'look' }
   | { do: 'wait' }
   | { do: 'end-carriers' };
@@ -330,6 +360,20 @@ export function decideStarting(f: StartingFacts): StartingStep {
   // a cgroup with a process in it cannot be removed: none is left. (A pid
   // function's target may live elsewhere: it is looked for as without one.)
   if (f.cgroup === 'gone' && f.pidSource !== 'function') return { do: 'clean', reason: 'gone', graceMs: 0 };
+  // The launch's child may still be a fork of the dead supervisor, cut off
+  // between clone and exec: no token yet, and it may exec into the target (or
+  // its launcher) at any moment. Nothing is decided before it has: a clean
+  // now would orphan what it becomes. Within the bound it is waited for;
+  // past it the launch is deferred, never cleaned, the fork never signalled.
+  // In its cgroup it is a member, looked at and ended as members are.
+  if (f.cgroup !== 'same') {
+    if (f.preExec === undefined) return { do: 'look-forks' };
+    if (f.preExec > 0) {
+      if (!f.timedOut) return { do: 'wait' };
+      const detail = `${f.preExec} fork(s) of the supervisor that wrote it had not exec'd within the confirm bound`;
+      return { do: 'defer', error: errnoError('EAGAIN', 'execve', undefined, detail) };
+    }
+  }
   if (f.pidSource === 'function' && !f.executable) {
     // The pid came from a function recovery cannot call again, and nothing
     // else names the target's program: no carrier can be proven the target.
@@ -430,17 +474,35 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const starting = manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m] : []));
   const startingTokens = new Set(starting.flatMap((m) => (m.tokenMode === 'env' ? [] : [m.token])));
   const envLaunches = starting.filter((m) => m.tokenMode === 'env');
-  let scan: Promise<{ index: Map<string, ProcEntry[]>; env: EnvIndex }> | undefined;
+  // The same scan finds the forks of the supervisors that wrote them, by their address-space layout.
+  const images = [...new Set(starting.flatMap((m) => (m.forkImage ? [m.forkImage] : [])))];
+  let scan: Promise<{ index: Map<string, ProcEntry[]>; env: EnvIndex; forks: Forks }> | undefined;
+  const scanned = () =>
+    (scan ??= backend.listProcesses(undefined, images).then((rows) => ({
+      index: indexByToken(rows, startingTokens),
+      env: envIndex(rows, envLaunches),
+      forks: forksOf(rows),
+    })));
   const carriersOf = async (m: Manifest): Promise<number[]> => {
-    scan ??= backend
-      .listProcesses()
-      .then((rows) => ({ index: indexByToken(rows, startingTokens), env: envIndex(rows, envLaunches) }));
-    const { index, env } = await scan;
+    const { index, env } = await scanned();
     if (m.tokenMode !== 'env') return (index.get(m.token) ?? []).map((p) => p.pid);
     // An environment that cannot be read may be this launch's: the rule decides (unprovable), never the scan.
     const launched = [m.command, ...m.args];
     const unreadable = env.unreadable.filter((p) => mayCarryEnvToken(p.argv, launched, m.executable)).map((p) => p.pid);
     return [...(env.byToken.get(m.token) ?? []), ...unreadable];
+  };
+
+  // Forks are taken from the first scan only, and each is followed until it has exec'd once for all
+  // the launches: a later scan of a busy host would catch new execs, and each would cost another scan.
+  let firstScan: ReturnType<typeof scanned> | undefined;
+  const settledForks = new Set<number>();
+  /** What may be the launch's child short of its exec at the first scan, and not seen past it since: a fork of the supervisor that wrote it, or any process inside an execve. */
+  const unexecd = async (m: Manifest): Promise<Set<number>> => {
+    firstScan ??= scanned();
+    const { forks } = await firstScan;
+    // The supervisor that wrote it, if it still runs, shows its own layout: it is no fork of itself.
+    const byImage = ((m.forkImage && forks.byImage.get(m.forkImage)) || []).filter((pid) => pid !== m.supervisorPid);
+    return new Set([...byImage, ...forks.inExec].filter((pid) => !settledForks.has(pid)));
   };
 
   // One confirm bound for every interrupted launch, from the first one looked at: all were
@@ -720,6 +782,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     // With a cgroup the candidates are its members: a token carrier outside it is a bystander, never one.
     let candidates: number[] | null = null;
     let chosen: Pinned | null = null;
+    let forks: Set<number> | null = null;
     try {
       for (;;) {
         f.unreadable = unreadableOf(m).size;
@@ -728,6 +791,25 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
           case 'count-carriers':
             f.carriers = (await carriersOf(m)).length;
             break;
+          case 'look-forks': {
+            forks ??= await unexecd(m);
+            const image = m.forkImage ?? '';
+            let execd = false;
+            for (const pid of [...forks]) {
+              const stage = backend.execStage(pid, image);
+              if (stage === 'fork' || stage === 'exec') continue;
+              forks.delete(pid);
+              if (settledForks.has(pid)) continue;
+              settledForks.add(pid);
+              // Past its exec (or its pid is another process's now): judged as any candidate is.
+              if (stage === 'done') execd = true;
+            }
+            // The scan predates what it exec'd into: the carriers are read again, by whichever launch asks next.
+            if (execd) scan = undefined;
+            f.preExec = forks.size;
+            f.timedOut = Date.now() >= startingDeadline;
+            break;
+          }
           case 'look': {
             const looked: number[] = candidates ?? (inside ? inside.procs() : await carriersOf(m));
             try {
@@ -755,7 +837,10 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
           }
           case 'wait':
             if ((await waits.next()).done) f.timedOut = true;
-            else f.found = undefined;
+            else {
+              f.found = undefined;
+              f.preExec = undefined;
+            }
             break;
           case 'end-carriers':
             await endOurs(m, [target, launcherClaim(m)], candidates ?? []);
@@ -771,6 +856,9 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
             return await clean(m, step);
           case 'quarantine':
             await quarantine(m.id, m, step);
+            return;
+          case 'defer':
+            defer(m.id, step.error);
             return;
           default:
             throw new Error(`recovery of ${m.id} cannot ${step.do} an interrupted launch`);

@@ -68,6 +68,13 @@ interface ManifestFields {
   updatedAt: string;
   /** The pid of the supervisor that wrote it. */
   supervisorPid: number;
+  /**
+   * That supervisor's address-space layout (parseImage), which its fork shows
+   * until the exec: recovery waits for such a fork, the launch's child cut
+   * off before its exec. null where addresses are not randomized; absent
+   * before it was recorded.
+   */
+  forkImage?: string | null;
 }
 
 /** Written before anything is spawned: no process is confirmed yet, so none is recorded. */
@@ -191,6 +198,12 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     throw bad('executable is malformed');
   if (!isInt(v.supervisorPid, 1)) throw bad('supervisorPid is malformed');
   if (v.uid !== undefined && v.uid !== null && !isInt(v.uid, 0)) throw bad('uid is malformed');
+  if (
+    v.forkImage !== undefined &&
+    v.forkImage !== null &&
+    !(typeof v.forkImage === 'string' && /^\d{1,20}:\d{1,20}:\d{1,20}$/.test(v.forkImage))
+  )
+    throw bad('forkImage is malformed');
   if (v.session !== undefined && v.session !== null && !(isInt(v.session, 1) && (v.session as number) <= pidMax()))
     throw bad('session is malformed');
   if (v.cgroup !== undefined && v.cgroup !== null) {

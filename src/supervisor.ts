@@ -49,7 +49,7 @@ import { sessionLeftovers, terminateCgroup, terminateMembers, terminateTree } fr
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
 import { describeExit } from './exit.js';
 import { UNKNOWN_EXIT } from './signals.js';
-import { assertOwnProc } from './backend/procview.js';
+import { assertOwnProc, ownForkImage } from './backend/procview.js';
 import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
 import { displayArg, fsPath } from './bytes.js';
 import type { Capabilities, ProcessIdentity } from './types.js';
@@ -605,6 +605,8 @@ export class Supervisor {
       createdAt: now,
       updatedAt: now,
       supervisorPid: process.pid,
+      // What the child shows until its exec: a crash in between leaves recovery a fork to wait for.
+      forkImage: ownForkImage(),
       quarantine: null,
     };
     const a: Attempt = {

@@ -207,15 +207,39 @@ describe('decideRunning', () => {
 });
 
 describe('decideStarting', () => {
+  // No fork of the dead supervisor short of its exec, unless a case says so.
   const facts = (more: Partial<StartingFacts>): StartingFacts => ({
     pidSource: 'child',
     executable: false,
     cgroup: 'none',
     unreadable: 0,
+    preExec: 0,
     ...more,
   });
   const cases: Array<[string, Partial<StartingFacts>, unknown]> = [
     ['its cgroup is gone: nothing of it is left', { cgroup: 'gone' }, { do: 'clean', reason: 'gone', graceMs: 0 }],
+    ['first the forks short of their exec are looked at', { preExec: undefined }, { do: 'look-forks' }],
+    [
+      '... before anything else is decided, even for a pid function naming no program',
+      { preExec: undefined, pidSource: 'function', carriers: 0 },
+      { do: 'look-forks' },
+    ],
+    ['one is still before its exec: waited for', { preExec: 1, timedOut: false }, { do: 'wait' }],
+    [
+      '... whatever a look found meanwhile',
+      { preExec: 1, found: false, waitable: 0, ended: true, timedOut: false },
+      { do: 'wait' },
+    ],
+    [
+      '... past the confirm bound: deferred, never cleaned nor quarantined',
+      { preExec: 2, timedOut: true },
+      { do: 'defer', error: { code: 'EAGAIN' } },
+    ],
+    [
+      'in its cgroup a fork is a member: looked for as members are',
+      { cgroup: 'same', preExec: undefined },
+      { do: 'look' },
+    ],
     [
       "a pid function's cgroup gone: still looked for elsewhere",
       { pidSource: 'function', executable: true, cgroup: 'gone' },

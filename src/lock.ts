@@ -274,10 +274,7 @@ export class StateLock {
       } catch (err) {
         throw new StateIOError(`cannot lock ${dir.show(LOCK)}`, err);
       }
-      if (flocked === false) {
-        const r = readRecordFd(lockFd);
-        throw new StateLockedError(dir.path, 'holder' in r ? r.holder.pid : null, 'it holds the flock on .lock');
-      }
+      if (flocked === false) flockInherited(dir, lockFd);
       ftruncateSync(lockFd, 0);
       writeSync(lockFd, `${JSON.stringify(ownRecord())}\n`, 0);
     } catch (err) {
@@ -308,6 +305,46 @@ export class StateLock {
     }
     // Until this process exits, a record it could not empty still names it as the holder.
     if (failure) throw new StateIOError('cannot empty the lock record', failure);
+  }
+}
+
+/**
+ * How long a newcomer waits for a flock that no live holder has: a fork of
+ * the holder, cut off before its exec, shares or copies the holder's fds (the
+ * lock's among them) until it closes them. As long as recovery waits for
+ * such a fork to exec.
+ */
+const INHERITED_FLOCK_WAIT_MS = 3000;
+
+/**
+ * The flock on .lock is held, though every holder record says its holder
+ * is gone: by a process that inherited a holder's fd (its fork before the
+ * exec), or by a 0.1 holder between its flock and its record. Waited for,
+ * bounded: taken once released; refused the moment a live holder is recorded.
+ */
+function flockInherited(dir: StateDir, lockFd: number): void {
+  const deadline = Date.now() + INHERITED_FLOCK_WAIT_MS;
+  let ms = 2;
+  for (;;) {
+    const r = readRecordFd(lockFd);
+    if ('holder' in r && holderAlive(r.holder)) throw lockedBy(dir, r.holder);
+    if (Date.now() >= deadline) {
+      const was = 'holder' in r ? `pid ${r.holder.pid}, which is gone` : 'no live holder';
+      throw new StateLockedError(
+        dir.path,
+        null,
+        `a process holds the flock on .lock that it inherited from ${was}: a fork that has not exec'd, or a process passed the fd`,
+      );
+    }
+    pause(ms);
+    ms = Math.min(ms * 2, 50);
+    let flocked: boolean | 'unsupported';
+    try {
+      flocked = backend.tryLock(lockFd);
+    } catch (err) {
+      throw new StateIOError(`cannot lock ${dir.show(LOCK)}`, err);
+    }
+    if (flocked !== false) return;
   }
 }
 

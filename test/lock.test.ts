@@ -10,7 +10,7 @@ import { loadAddon } from '../src/backend/addon.js';
 import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isRoot, killAndWait, MARKER, tmpDir, untilReady } from './helpers/procs.js';
+import { isRoot, killAndWait, MARKER, procStat, tmpDir, untilReady } from './helpers/procs.js';
 import { DIST, fill01, NodeChild } from './helpers/state.js';
 import { PERL } from './helpers/supervisor.js';
 
@@ -88,6 +88,11 @@ async function race(a: NodeChild, b: NodeChild, rounds: number) {
     await Promise.all([a.ask('close'), b.ask('close')]);
   }
   return outcomes;
+}
+
+/** Until a process that is not our child has been reaped by whoever is its parent now (bounded). */
+async function settleGone(pid: number): Promise<void> {
+  for (let i = 0; i < 500 && procStat(pid) !== null; i++) await new Promise((r) => setTimeout(r, 10));
 }
 
 const nativeLoads = process.platform === 'linux' && 'addon' in loadAddon();
@@ -247,6 +252,57 @@ describe(`the state dir lock (${backend.name})`, () => {
       holderPid: process.pid,
     });
     await supervisor.close();
+    await openClose(dir);
+  });
+  /**
+   * A holder that hands its lock fd to a process of its own (as its fork does
+   * between clone and exec), then dies by SIGKILL: the fd's holder keeps the
+   * flock. The perl holding it sleeps `seconds`.
+   */
+  async function holderWithHeir(dir: string, seconds: number): Promise<number> {
+    const holder = new NodeChild(
+      `
+      const { Supervisor } = await import(${JSON.stringify(DIST)});
+      const { readdirSync, readlinkSync } = await import('node:fs');
+      const { spawn } = await import('node:child_process');
+      await Supervisor.open({ stateDir: ${JSON.stringify(dir)}, onEvent: () => {} });
+      const fd = Number(readdirSync('/proc/self/fd').find((n) => { try { return readlinkSync('/proc/self/fd/' + n).endsWith('/.lock'); } catch { return false; } }));
+      const heir = spawn(${JSON.stringify(PERL)}, ['-e', 'select(undef, undef, undef, $ARGV[0])', '${seconds}', ${JSON.stringify(MARKER)}], { stdio: ['ignore', 'ignore', 'ignore', fd], detached: true });
+      console.log(String(heir.pid));`,
+      'native',
+    );
+    cleanups.push(() => holder.end());
+    const heir = Number(await holder.next());
+    cleanups.push(() => {
+      try {
+        process.kill(heir, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    });
+    holder.child.kill('SIGKILL');
+    await holder.exited;
+    return heir;
+  }
+
+  it("a dead holder's fd kept by another process: the flock is waited for, bounded, never taken from it", {
+    timeout: 30_000,
+  }, async (ctx) => {
+    ctx.skip(backend.name !== 'native', 'only the native backend flocks .lock');
+    const dir = await stamped();
+    // Released within the bound: the newcomer waits, then holds it.
+    const brief = await holderWithHeir(dir, 0.8);
+    await openClose(dir);
+    expect(procStat(brief) === null || procStat(brief)?.[0] === 'Z').toBe(true);
+    // Kept past it: refused, and told why; the heir is not touched.
+    const stubborn = await holderWithHeir(dir, 300);
+    await expect(Supervisor.open({ stateDir: dir })).rejects.toMatchObject({
+      code: 'ERR_CUSTODY_STATE_LOCKED',
+      message: expect.stringMatching(/inherited from pid \d+, which is gone/),
+    });
+    expect(procStat(stubborn)?.[0]).toMatch(/[SR]/);
+    process.kill(stubborn, 'SIGKILL');
+    await settleGone(stubborn);
     await openClose(dir);
   });
 });

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace custody {
@@ -457,10 +458,11 @@ int ForEachPid(const std::string& root, const char** call, Visit visit) {
 // The address-space layout a stat line shows: "startcode:start_brk:startstack"
 // (fields 26, 47 and 28, 1-based), as the kernel printed them. A fork shares
 // (CLONE_VM) or copies (fork) its parent's mm, so until its execve it shows
-// exactly its parent's; the kernel randomizes them at every exec (ASLR), and
-// prints 0 for a process without an mm (a zombie, a kernel thread) or one the
-// reader may not ptrace-read. Needs the fields Linux 3.3 added; false when
-// the line has fewer.
+// exactly its parent's; the kernel randomizes them at every exec (ASLR). A
+// process without an mm (a zombie, a kernel thread, one inside execve) shows
+// zeros, and one the reader may not ptrace-read 1 for startcode and zeros
+// (fs/proc/array.c): false for any zero, as for a line without the fields
+// Linux 3.3 added. flags (field 9) is read in any case.
 bool StatImage(const std::string& text, std::string* out, unsigned long long* flags) {
   size_t close = text.rfind(')');
   if (close == std::string::npos) return false;
@@ -476,6 +478,8 @@ bool StatImage(const std::string& text, std::string* out, unsigned long long* fl
     if (field == 25) stack.assign(start, p);
     if (field == 44) brk.assign(start, p);
   }
+  for (const std::string* f : {&code, &brk, &stack})
+    if (f->find_first_not_of('0') == std::string::npos) return false;
   *out = code + ":" + brk + ":" + stack;
   return true;
 }
@@ -499,10 +503,10 @@ struct ScanRow {
 // A process that vanishes mid-scan is skipped; any other failure (EMFILE
 // with a few free fds, ENOMEM) ends the scan with its errno and the call
 // that failed, because skipping it would report a live process as absent.
-// images: nullptr, or the layouts to compare every row's with (then each
-// row's flags are read too).
-int ScanProcesses(const std::string& root, const std::vector<std::string>* images, std::vector<ScanRow>* rows,
-                  const char** call) {
+// images: nullptr, or the layouts to compare every row's with, each to its
+// index (then each row's flags are read too).
+int ScanProcesses(const std::string& root, const std::unordered_map<std::string, int>* images,
+                  std::vector<ScanRow>* rows, const char** call) {
   std::string stat_text;
   std::string image;
   return ForEachPid(root, call, [&](int rootfd, const char* name) -> int {
@@ -515,8 +519,8 @@ int ScanProcesses(const std::string& root, const std::vector<std::string>* image
     int err = ReadAt(pdir, "stat", &stat_text);
     if (err == 0 && !ParseStat(stat_text, &row.stat)) err = EPROTO;
     if (err == 0 && images != nullptr && StatImage(stat_text, &image, &row.flags)) {
-      for (size_t k = 0; k < images->size(); k++)
-        if ((*images)[k] == image) row.image = static_cast<int>(k);
+      auto found = images->find(image);
+      if (found != images->end()) row.image = found->second;
     }
     Fd thread(-1);
     if (err == 0 && row.stat.state == 'Z') {
@@ -588,7 +592,7 @@ class ProcWorker : public Napi::AsyncWorker {
 // of identity; callers inspect() a candidate first.
 class ScanWorker : public ProcWorker {
  public:
-  ScanWorker(Napi::Env env, std::string root, bool layout, std::vector<std::string> images)
+  ScanWorker(Napi::Env env, std::string root, bool layout, std::unordered_map<std::string, int> images)
       : ProcWorker(env, "custody:scan"), root_(std::move(root)), layout_(layout), images_(std::move(images)) {}
 
  protected:
@@ -627,7 +631,7 @@ class ScanWorker : public ProcWorker {
  private:
   std::string root_;
   bool layout_;  // images were given (even none): the two slots are in every row
-  std::vector<std::string> images_;
+  std::unordered_map<std::string, int> images_;
   std::vector<ScanRow> rows_;
 };
 
@@ -777,21 +781,22 @@ Napi::Value ListSessions(const Napi::CallbackInfo& info) {
   return promise;
 }
 
-// The most images one scan compares (a recovery asks for one per supervisor
-// whose interrupted launches it finds), and the longest: three 20-digit
-// numbers and two colons.
-constexpr uint32_t kMaxImages = 64;
+// The most images one scan compares (a recovery asks for one per dead
+// supervisor whose interrupted launches it finds: a crash-looping service
+// leaves one per crash), and the longest: three 20-digit numbers and two
+// colons.
+constexpr uint32_t kMaxImages = 1 << 16;
 constexpr size_t kMaxImageLength = 62;
 
 Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string root = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "/proc";
-  std::vector<std::string> images;
+  std::unordered_map<std::string, int> images;
   const bool layout = info.Length() > 1 && !info[1].IsUndefined();
   if (layout) {
     if (!info[1].IsArray()) throw Napi::TypeError::New(env, "images must be an array of strings");
     Napi::Array arr = info[1].As<Napi::Array>();
-    if (arr.Length() > kMaxImages) throw Napi::RangeError::New(env, "images: at most 64");
+    if (arr.Length() > kMaxImages) throw Napi::RangeError::New(env, "images: at most 65536");
     for (uint32_t k = 0; k < arr.Length(); k++) {
       Napi::Value v = arr.Get(k);
       if (!v.IsString()) throw Napi::TypeError::New(env, "images must be an array of strings");
@@ -799,7 +804,7 @@ Napi::Value ListProcesses(const Napi::CallbackInfo& info) {
       if (image.empty() || image.size() > kMaxImageLength ||
           image.find_first_not_of("0123456789:") != std::string::npos)
         throw Napi::RangeError::New(env, "an image is \"startcode:start_brk:startstack\" in decimal");
-      images.push_back(std::move(image));
+      images.emplace(std::move(image), static_cast<int>(k));
     }
   }
   auto* worker = new ScanWorker(env, root, layout, std::move(images));  // deleted by N-API once done

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
@@ -130,8 +130,9 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
       ],
       { stdio: ['ignore', 'pipe', 'ignore'] },
     );
+    let child = 0;
     try {
-      const child = Number(await new Promise<string>((r) => parent.stdout!.once('data', (d) => r(String(d)))));
+      child = Number(await new Promise<string>((r) => parent.stdout!.once('data', (d) => r(String(d)))));
       const image = imageOf(parent.pid!);
       expect(image).toMatch(/^\d+:\d+:\d+$/);
       expect(imageOf(child)).toBe(image);
@@ -146,7 +147,7 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
       // Kernel threads are marked when asked (kthreadd is pid 2 where this is the host's pid namespace); a scan not asked marks nothing.
       const kthreads = rows.filter((r) => r.kernelThread);
       expect(kthreads.filter((r) => r.argv.length > 0)).toEqual([]);
-      const kthreadd = readFileSync('/proc/2/stat', 'latin1');
+      const kthreadd = existsSync('/proc/2/stat') ? readFileSync('/proc/2/stat', 'latin1') : '';
       if (isKernelThreadStat(kthreadd)) expect(kthreads.map((r) => r.pid)).toContain(2);
       expect((await backend.listProcesses()).some((r) => r.image !== undefined || r.kernelThread !== undefined)).toBe(
         false,
@@ -161,6 +162,11 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
         await new Promise((r) => setTimeout(r, 10));
       expect(backend.execStage(child, image!)).toBe('gone');
     } finally {
+      try {
+        if (child > 0) process.kill(child, 'SIGKILL');
+      } catch {
+        // gone
+      }
       parent.kill('SIGKILL');
       await new Promise((r) =>
         parent.exitCode !== null || parent.signalCode !== null ? r(null) : parent.once('exit', r),

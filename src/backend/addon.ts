@@ -56,7 +56,11 @@ export interface NativeAddon {
   /** The pids whose cmdline is exactly argv (bytes compared in the addon's worker). */
   /** The pids whose cmdline is argv; with shards, only those whose pid % shards is shard. */
   matchArgv(procRoot: string | undefined, argv: readonly string[], shard?: number, shards?: number): Promise<number[]>;
-  /** Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv. */
+  /**
+   * Per process: pid, ppid, pgrp, session, ownerUid, startTicks, state, argc, ...argv; with images (even
+   * none), two more slots before argc: the index of the image the process's layout equals (or -1), and its
+   * flags (field 9 of stat).
+   */
   listProcesses(procRoot?: string, images?: readonly string[]): Promise<Array<string | number>>;
   /** [pid, session, ...] of every process, read on the threadpool. */
   listSessions(procRoot: string): Promise<Int32Array>;

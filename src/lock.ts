@@ -118,6 +118,12 @@ function holderAlive(h: Holder): boolean {
   }
 }
 
+/** Whether a record is this very process's: our pid with our start ticks, boot and PID namespace. */
+function isOwnRecord(h: Holder): boolean {
+  const me = ownRecord();
+  return h.pid === me.pid && h.startTicks === me.startTicks && (h.bootId ?? null) === (me.bootId ?? null);
+}
+
 function lockedBy(dir: StateDir, h: Holder): StateLockedError {
   const me = ownRecord();
   const elsewhere = h.pidNs != null && me.pidNs !== null && h.pidNs !== me.pidNs;
@@ -328,6 +334,8 @@ function flockInherited(dir: StateDir, lockFd: number): void {
   for (;;) {
     const r = readRecordFd(lockFd);
     if ('holder' in r && holderAlive(r.holder)) throw lockedBy(dir, r.holder);
+    // Another copy of custody in this process holds it (holderAlive takes our own pid for an earlier owner's).
+    if ('holder' in r && isOwnRecord(r.holder)) throw new StateLockedError(dir.path, process.pid, 'this process');
     if (Date.now() >= deadline) {
       const was = 'holder' in r ? `pid ${r.holder.pid}, which is gone` : 'no live holder';
       throw new StateLockedError(

@@ -292,6 +292,7 @@ describe(`the state dir lock (${backend.name})`, () => {
     const dir = await stamped();
     // Released within the bound: the newcomer waits, then holds it.
     const brief = await holderWithHeir(dir, 0.8);
+    expect(procStat(brief)?.[0]).toMatch(/[SR]/);
     await openClose(dir);
     expect(procStat(brief) === null || procStat(brief)?.[0] === 'Z').toBe(true);
     // Kept past it: refused, and told why; the heir is not touched.

@@ -21,6 +21,7 @@
 import { statSync } from 'node:fs';
 import { fsPath } from './bytes.js';
 import { backend, capabilities } from './backend/index.js';
+import { startedAtMs } from './backend/procview.js';
 import type { ProcEntry } from './backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from './cgroup.js';
 import { BadManifestError, BadPidfileError, errnoError } from './errors.js';
@@ -138,17 +139,36 @@ function launcherClaim(m: Manifest): Claim {
  */
 interface Forks {
   byImage: Map<string, number[]>;
-  inExec: number[];
+  inExec: ProcEntry[];
 }
 
 function forksOf(rows: ProcEntry[]): Forks {
   const out: Forks = { byImage: new Map(), inExec: [] };
   for (const row of rows) {
-    if (row.pid === process.pid) continue;
+    if (row.pid === process.pid || row.kernelThread) continue;
     if (row.image !== undefined) out.byImage.set(row.image, [...(out.byImage.get(row.image) ?? []), row.pid]);
-    else if (inExec(row)) out.inExec.push(row.pid);
+    else if (inExec(row)) out.inExec.push(row);
   }
   return out;
+}
+
+/** The most layouts one scan compares (native/proc.cc kMaxImages). */
+const MAX_SCAN_IMAGES = 1 << 16;
+
+/** How much earlier than its manifest's createdAt a launch's child may seem to start: btime is whole seconds. */
+const START_SLACK_MS = 2000;
+
+/**
+ * Whether a process caught inside an execve may be this launch's child: it
+ * runs as we do (a fork has its supervisor's uid until its exec), or as the
+ * launch's uid, and started no earlier than the launch did. A process of
+ * another uid, or an old one that lost its argv for good (stuck in its exit,
+ * one that unmapped it), is no launch's child and holds nothing up.
+ */
+function mayBeChildOf(row: ProcEntry, m: Manifest): boolean {
+  if (row.uid !== process.geteuid?.() && row.uid !== m.uid) return false;
+  const started = startedAtMs(row.startTicks);
+  return started === null || started >= Date.parse(m.createdAt) - START_SLACK_MS;
 }
 
 /** No argv while alive, and no kernel thread: inside an execve (or an exit) for now. */
@@ -340,6 +360,8 @@ export interface StartingFacts {
    * address-space layout); undefined: not looked at since the last wait.
    */
   preExec?: number;
+  /** Whether one of those was seen to leave that state (exec'd or exited) while recovery waited. */
+  forkExecd?: boolean;
 }
 
 export type StartingStep =
@@ -370,7 +392,7 @@ export function decideStarting(f: StartingFacts): StartingStep {
     if (f.preExec === undefined) return { do: 'look-forks' };
     if (f.preExec > 0) {
       if (!f.timedOut) return { do: 'wait' };
-      const detail = `${f.preExec} fork(s) of the supervisor that wrote it had not exec'd within the confirm bound`;
+      const detail = `${f.preExec} process(es) that may be its child had not exec'd within the confirm bound`;
       return { do: 'defer', error: errnoError('EAGAIN', 'execve', undefined, detail) };
     }
   }
@@ -385,6 +407,12 @@ export function decideStarting(f: StartingFacts): StartingStep {
   if (f.found === undefined) return { do: 'look' };
   if (f.found) return { do: 'adopt', why: 'starting', rewrite: true };
   if ((f.waitable ?? 0) > 0 && !f.timedOut) return { do: 'wait' };
+  // A child that exec'd late in the bound left its launcher, or its pidfile, no time of its own:
+  // deferred, never ended on a bound it did not have.
+  if (f.forkExecd && f.timedOut) {
+    const detail = "its child exec'd late in the confirm bound; its target is not found yet";
+    return { do: 'defer', error: errnoError('EAGAIN', 'execve', undefined, detail) };
+  }
   // Without a cgroup, carriers that never became a target (a launcher whose target never exec'd) are
   // ended as abandon would have; with one, its members are, by the clean.
   const inCgroup = f.cgroup === 'same' && f.pidSource !== 'function';
@@ -475,7 +503,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const startingTokens = new Set(starting.flatMap((m) => (m.tokenMode === 'env' ? [] : [m.token])));
   const envLaunches = starting.filter((m) => m.tokenMode === 'env');
   // The same scan finds the forks of the supervisors that wrote them, by their address-space layout.
-  const images = [...new Set(starting.flatMap((m) => (m.forkImage ? [m.forkImage] : [])))];
+  // At most as many as a scan compares (one per dead supervisor): past that, only the in-exec rule holds.
+  const images = [...new Set(starting.flatMap((m) => (m.forkImage ? [m.forkImage] : [])))].slice(0, MAX_SCAN_IMAGES);
   let scan: Promise<{ index: Map<string, ProcEntry[]>; env: EnvIndex; forks: Forks }> | undefined;
   const scanned = () =>
     (scan ??= backend.listProcesses(undefined, images).then((rows) => ({
@@ -502,7 +531,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     const { forks } = await firstScan;
     // The supervisor that wrote it, if it still runs, shows its own layout: it is no fork of itself.
     const byImage = ((m.forkImage && forks.byImage.get(m.forkImage)) || []).filter((pid) => pid !== m.supervisorPid);
-    return new Set([...byImage, ...forks.inExec].filter((pid) => !settledForks.has(pid)));
+    const inExec = forks.inExec.filter((row) => mayBeChildOf(row, m)).map((row) => row.pid);
+    return new Set([...byImage, ...inExec].filter((pid) => !settledForks.has(pid)));
   };
 
   // One confirm bound for every interrupted launch, from the first one looked at: all were
@@ -799,12 +829,13 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
               const stage = backend.execStage(pid, image);
               if (stage === 'fork' || stage === 'exec') continue;
               forks.delete(pid);
+              // Past its exec, or gone (what it exec'd into may have forked the target and exited): the
+              // scan predates it, so the carriers are read again, by whichever launch asks next.
+              f.forkExecd = true;
               if (settledForks.has(pid)) continue;
               settledForks.add(pid);
-              // Past its exec (or its pid is another process's now): judged as any candidate is.
-              if (stage === 'done') execd = true;
+              execd = true;
             }
-            // The scan predates what it exec'd into: the carriers are read again, by whichever launch asks next.
             if (execd) scan = undefined;
             f.preExec = forks.size;
             f.timedOut = Date.now() >= startingDeadline;

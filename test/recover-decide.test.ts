@@ -236,6 +236,16 @@ describe('decideStarting', () => {
       { do: 'defer', error: { code: 'EAGAIN' } },
     ],
     [
+      "one exec'd late in the bound, no target yet: deferred, its launcher never ended on a bound it did not have",
+      { forkExecd: true, found: false, waitable: 1, timedOut: true },
+      { do: 'defer', error: { code: 'EAGAIN' } },
+    ],
+    [
+      '... within the bound: waited for as any candidate',
+      { forkExecd: true, found: false, waitable: 1, timedOut: false },
+      { do: 'wait' },
+    ],
+    [
       'in its cgroup a fork is a member: looked for as members are',
       { cgroup: 'same', preExec: undefined },
       { do: 'look' },

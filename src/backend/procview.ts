@@ -100,6 +100,28 @@ export function execStageOf(pid: number, image: string, procRoot = '/proc'): Exe
   return cmdline.length === 0 ? 'exec' : 'done';
 }
 
+/** Clock ticks per second of /proc's start times (USER_HZ): 100 wherever Linux exports it to user space. */
+const USER_HZ = 100;
+let bootMsCache: number | null | undefined;
+
+/**
+ * When a process that started `startTicks` after boot began, in ms since the
+ * epoch, from /proc/stat's btime: whole seconds, moved by clock steps since
+ * boot, so good to a second or two. null where /proc/stat has no btime.
+ */
+export function startedAtMs(startTicks: number): number | null {
+  if (bootMsCache === undefined) {
+    bootMsCache = null;
+    try {
+      const m = /^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'latin1'));
+      if (m) bootMsCache = Number(m[1]) * 1000;
+    } catch {
+      // no /proc/stat
+    }
+  }
+  return bootMsCache === null ? null : bootMsCache + (startTicks * 1000) / USER_HZ;
+}
+
 let forkImageCache: string | null | undefined;
 
 /** personality(2)'s ADDR_NO_RANDOMIZE (setarch -R, a debugger's choice): this process's layout was not drawn at random. */

@@ -4,7 +4,7 @@
 // holds it at the entry of its execve for a set time, in a PID namespace
 // whose init reaps orphans. Recovery must wait for it and adopt what it
 // becomes (1.5 s, within the 3 s confirm bound), or defer the launch and
-// leave it untouched (4.5 s), never clean the state and orphan it.
+// leave it untouched (7 s), never clean the state and orphan it.
 import { execFile, execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -56,7 +56,7 @@ describe(`a supervisor killed before its child's exec (${backend.name})`, () => 
       const byDelay = new Map(r.reports.map((x: { delayMs: number }) => [x.delayMs, x]));
       const within = byDelay.get(1500) as Record<string, unknown> & { fork: number };
       expect(within).toMatchObject({ adopted: [{ pid: within.fork, reason: 'starting' }], cleaned: 0, deferred: [] });
-      const past = byDelay.get(4500) as Record<string, unknown> & { fork: number };
+      const past = byDelay.get(7000) as Record<string, unknown> & { fork: number };
       expect(past).toMatchObject({
         adopted: [],
         cleaned: 0,

@@ -1,0 +1,158 @@
+// Recovery of a launch whose supervisor died before its child had exec'd,
+// with real forks of a real (python) supervisor: what it waits for, and what
+// it must not. test/reliability/preexec.test.ts kills a real custody
+// supervisor with its child held at execve; these stage what that cannot.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { backend } from '../src/backend/index.js';
+import { Supervisor } from '../src/index.js';
+import { MANIFEST_VERSION, StateStore, type StartingManifest } from '../src/store.js';
+import { expectNoLeaks } from './helpers/leaks.js';
+import { isRoot, MARKER, tmpDir } from './helpers/procs.js';
+import { FIXTURES, PERL, PYTHON } from './helpers/supervisor.js';
+
+expectNoLeaks({ marker: MARKER });
+
+const ended: ChildProcess[] = [];
+const extraPids: number[] = [];
+afterEach(async () => {
+  for (const pid of extraPids.splice(0)) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+  for (const c of ended.splice(0)) {
+    if (c.exitCode === null && c.signalCode === null) {
+      c.kill('SIGKILL');
+      await new Promise((r) => c.once('exit', r));
+    }
+  }
+});
+
+/** Writes starting manifests, as a supervisor killed mid-launch leaves them, into a new state dir. */
+async function interrupted(list: Array<Partial<StartingManifest>>): Promise<string> {
+  const dir = tmpDir('custody-forks-');
+  const path = join(dir.path, 'state');
+  const store = StateStore.open(path, { emit: () => {}, create: true });
+  const now = new Date().toISOString();
+  for (const [k, extra] of list.entries()) {
+    const token = randomBytes(16).toString('hex');
+    await store.write({
+      version: MANIFEST_VERSION,
+      id: `i-${k}`,
+      token,
+      tokenMode: 'argv',
+      command: PERL,
+      args: ['-e', 'sleep 300', token, MARKER],
+      expect: [],
+      paths: [],
+      executable: null,
+      uid: null,
+      session: null,
+      cgroup: null,
+      pidSource: 'child',
+      pidFile: null,
+      createdAt: now,
+      updatedAt: now,
+      supervisorPid: 2 ** 22 + 1,
+      forkImage: null,
+      state: 'starting',
+      identity: null,
+      quarantine: null,
+      ...extra,
+    } as StartingManifest);
+  }
+  store.close();
+  return path;
+}
+
+const firstLine = (c: ChildProcess) =>
+  new Promise<string>((resolve, reject) => {
+    c.stdout!.once('data', (d) => resolve(String(d).trim()));
+    c.once('exit', (code) => reject(new Error(`exited ${code} before a line`)));
+  });
+
+function carriers(token: string): number[] {
+  const out: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(token)) out.push(Number(name));
+    } catch {
+      // gone
+    }
+  }
+  return out;
+}
+
+describe(`recovery and the forks a dead supervisor left (${backend.name})`, () => {
+  it('a process of another uid with no argv, and an old one of ours, hold no interrupted launch up', async (ctx) => {
+    ctx.skip(!isRoot(), 'needs root: setpriv runs the squatter as uid 65534');
+    const squat = (uid: string[]) => {
+      const c = spawn('setpriv', [...uid, PYTHON, join(FIXTURES, 'empty-argv.py'), '60', MARKER], {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      ended.push(c);
+      return firstLine(c);
+    };
+    await squat(['--reuid=65534', '--regid=65534', '--clear-groups']);
+    await squat(['--reuid=0']);
+    // Ours, but older than the launch by more than btime's second of doubt.
+    await new Promise((r) => setTimeout(r, 2600));
+    const stateDir = await interrupted([{ forkImage: '94000000000000:95000000000000:140000000000000' }, {}]);
+    const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
+    await supervisor.close();
+    expect(report.deferred).toEqual([]);
+    expect(report.cleaned.map((c) => c.id).sort()).toEqual(['i-0', 'i-1']);
+  });
+
+  it('a fork that execs a launcher which forks the target and exits at once: the target is adopted', async () => {
+    const token = randomBytes(16).toString('hex');
+    const args = ['-e', 'exit 0 if fork; sleep 30', token, MARKER];
+    // The "supervisor": its fork waits 1 s before it execs the launcher, as a launch's child sits before its exec.
+    const sup = spawn(
+      PYTHON,
+      [
+        '-c',
+        'import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1)\n    os.execv(sys.argv[1], sys.argv[1:])\nprint(pid, flush=True)\ntime.sleep(60)',
+        PERL,
+        ...args,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    ended.push(sup);
+    const fork = Number(await firstLine(sup));
+    extraPids.push(fork);
+    const st = readFileSync(`/proc/${sup.pid}/stat`, 'latin1');
+    const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+    const stateDir = await interrupted([
+      {
+        token,
+        args,
+        pidSource: 'function',
+        executable: PERL,
+        supervisorPid: sup.pid!,
+        forkImage: [f[23], f[44], f[25]].join(':'),
+      },
+    ]);
+    sup.kill('SIGKILL');
+    await new Promise((r) => (sup.exitCode !== null || sup.signalCode !== null ? r(null) : sup.once('exit', r)));
+    const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
+    try {
+      expect(report.cleaned).toEqual([]);
+      expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
+      const target = report.adopted[0]!.pid!;
+      extraPids.push(target);
+      expect(carriers(token)).toEqual([target]);
+      await supervisor.stop('i-0', { graceMs: 1000 });
+      expect(carriers(token)).toEqual([]);
+    } finally {
+      await supervisor.close();
+    }
+  });
+});

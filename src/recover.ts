@@ -21,7 +21,7 @@
 import { statSync } from 'node:fs';
 import { fsPath } from './bytes.js';
 import { backend, capabilities } from './backend/index.js';
-import { startedAtMs } from './backend/procview.js';
+import { bootTimeMs, startedAtMs } from './backend/procview.js';
 import type { ProcEntry } from './backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from './cgroup.js';
 import { BadManifestError, BadPidfileError, errnoError } from './errors.js';
@@ -165,10 +165,9 @@ const START_SLACK_MS = 2000;
  * another uid, or an old one that lost its argv for good (stuck in its exit,
  * one that unmapped it), is no launch's child and holds nothing up.
  */
-function mayBeChildOf(row: ProcEntry, m: Manifest): boolean {
+function mayBeChildOf(row: ProcEntry, m: Manifest, bootMs: number | null): boolean {
   if (row.uid !== process.geteuid?.() && row.uid !== m.uid) return false;
-  const started = startedAtMs(row.startTicks);
-  return started === null || started >= Date.parse(m.createdAt) - START_SLACK_MS;
+  return bootMs === null || startedAtMs(row.startTicks, bootMs) >= Date.parse(m.createdAt) - START_SLACK_MS;
 }
 
 /** No argv while alive, and no kernel thread: inside an execve (or an exit) for now. */
@@ -360,7 +359,7 @@ export interface StartingFacts {
    * address-space layout); undefined: not looked at since the last wait.
    */
   preExec?: number;
-  /** Whether one of those was seen to leave that state (exec'd or exited) while recovery waited. */
+  /** Whether one of those was seen past its exec while recovery waited, and is among the launch's candidates. */
   forkExecd?: boolean;
 }
 
@@ -525,14 +524,17 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   // the launches: a later scan of a busy host would catch new execs, and each would cost another scan.
   let firstScan: ReturnType<typeof scanned> | undefined;
   const settledForks = new Set<number>();
+  // Read once a recover(): a clock stepped since an earlier one moves it.
+  let bootMs: number | null | undefined;
   /** What may be the launch's child short of its exec at the first scan, and not seen past it since: a fork of the supervisor that wrote it, or any process inside an execve. */
   const unexecd = async (m: Manifest): Promise<Set<number>> => {
     firstScan ??= scanned();
     const { forks } = await firstScan;
     // The supervisor that wrote it, if it still runs, shows its own layout: it is no fork of itself.
     const byImage = ((m.forkImage && forks.byImage.get(m.forkImage)) || []).filter((pid) => pid !== m.supervisorPid);
-    const inExec = forks.inExec.filter((row) => mayBeChildOf(row, m)).map((row) => row.pid);
-    return new Set([...byImage, ...inExec].filter((pid) => !settledForks.has(pid)));
+    bootMs ??= bootTimeMs();
+    const inExec = forks.inExec.filter((row) => mayBeChildOf(row, m, bootMs ?? null)).map((row) => row.pid);
+    return new Set([...byImage, ...inExec]);
   };
 
   // One confirm bound for every interrupted launch, from the first one looked at: all were
@@ -813,6 +815,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     let candidates: number[] | null = null;
     let chosen: Pinned | null = null;
     let forks: Set<number> | null = null;
+    // Which of them were seen past their exec, still running.
+    const execd = new Set<number>();
     try {
       for (;;) {
         f.unreadable = unreadableOf(m).size;
@@ -824,19 +828,19 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
           case 'look-forks': {
             forks ??= await unexecd(m);
             const image = m.forkImage ?? '';
-            let execd = false;
+            let rescan = false;
             for (const pid of [...forks]) {
               const stage = backend.execStage(pid, image);
               if (stage === 'fork' || stage === 'exec') continue;
               forks.delete(pid);
+              if (stage === 'done') execd.add(pid);
               // Past its exec, or gone (what it exec'd into may have forked the target and exited): the
-              // scan predates it, so the carriers are read again, by whichever launch asks next.
-              f.forkExecd = true;
+              // scan predates it, so the carriers are read again, once, by whichever launch asks next.
               if (settledForks.has(pid)) continue;
               settledForks.add(pid);
-              execd = true;
+              rescan = true;
             }
-            if (execd) scan = undefined;
+            if (rescan) scan = undefined;
             f.preExec = forks.size;
             f.timedOut = Date.now() >= startingDeadline;
             break;
@@ -863,6 +867,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
               // An environment that may not be read stays so: waiting cannot prove those.
               f.waitable = live.filter((pid) => !unreadableOf(m).has(pid)).length;
             }
+            // A fork that exec'd while recovery waited, and is this launch's (a carrier, or a candidate now).
+            f.forkExecd = [...execd].some((pid) => looked.includes(pid) || candidates?.includes(pid));
             f.timedOut = Date.now() >= startingDeadline;
             break;
           }

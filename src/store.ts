@@ -201,7 +201,7 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (
     v.forkImage !== undefined &&
     v.forkImage !== null &&
-    !(typeof v.forkImage === 'string' && /^0*[1-9]\d{0,19}(:0*[1-9]\d{0,19}){2}$/.test(v.forkImage))
+    !(typeof v.forkImage === 'string' && /^[1-9]\d{0,19}(:[1-9]\d{0,19}){2}$/.test(v.forkImage))
   )
     throw bad('forkImage is malformed');
   if (v.session !== undefined && v.session !== null && !(isInt(v.session, 1) && (v.session as number) <= pidMax()))

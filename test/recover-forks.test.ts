@@ -100,11 +100,13 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
       ended.push(c);
       return firstLine(c);
     };
-    await squat(['--reuid=65534', '--regid=65534', '--clear-groups']);
-    await squat(['--reuid=0']);
-    // Ours, but older than the launch by more than btime's second of doubt.
+    // Ours, but older than the launch by more than btime's second of doubt: only its start tells it apart.
+    const old = Number(await squat(['--reuid=0']));
     await new Promise((r) => setTimeout(r, 2600));
     const stateDir = await interrupted([{ forkImage: '94000000000000:95000000000000:140000000000000' }, {}]);
+    // Started after the launch, under another uid: only its uid tells it apart.
+    const stranger = Number(await squat(['--reuid=65534', '--regid=65534', '--clear-groups']));
+    for (const pid of [old, stranger]) expect(readFileSync(`/proc/${pid}/cmdline`).length).toBe(0);
     const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
     await supervisor.close();
     expect(report.deferred).toEqual([]);

@@ -102,24 +102,24 @@ export function execStageOf(pid: number, image: string, procRoot = '/proc'): Exe
 
 /** Clock ticks per second of /proc's start times (USER_HZ): 100 wherever Linux exports it to user space. */
 const USER_HZ = 100;
-let bootMsCache: number | null | undefined;
 
 /**
- * When a process that started `startTicks` after boot began, in ms since the
- * epoch, from /proc/stat's btime: whole seconds, moved by clock steps since
- * boot, so good to a second or two. null where /proc/stat has no btime.
+ * When this boot began, in ms since the epoch: /proc/stat's btime. Whole
+ * seconds, and moved by every clock step since boot, so read it anew where
+ * it matters. null where /proc/stat has none.
  */
-export function startedAtMs(startTicks: number): number | null {
-  if (bootMsCache === undefined) {
-    bootMsCache = null;
-    try {
-      const m = /^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'latin1'));
-      if (m) bootMsCache = Number(m[1]) * 1000;
-    } catch {
-      // no /proc/stat
-    }
+export function bootTimeMs(): number | null {
+  try {
+    const m = /^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'latin1'));
+    return m ? Number(m[1]) * 1000 : null;
+  } catch {
+    return null;
   }
-  return bootMsCache === null ? null : bootMsCache + (startTicks * 1000) / USER_HZ;
+}
+
+/** When a process that started `startTicks` after boot began, in ms since the epoch (to a second or two). */
+export function startedAtMs(startTicks: number, bootMs: number): number {
+  return bootMs + (startTicks * 1000) / USER_HZ;
 }
 
 let forkImageCache: string | null | undefined;

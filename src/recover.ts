@@ -355,8 +355,8 @@ export interface StartingFacts {
   /** Candidates whose environment may not be read. */
   unreadable: number;
   /**
-   * Forks of the supervisor that wrote the manifest that have not exec'd yet (they show its
-   * address-space layout); undefined: not looked at since the last wait.
+   * Processes that may be the launch's child short of its exec: forks showing the layout of the
+   * supervisor that wrote it, or ours caught inside an execve; undefined: not looked at since the last wait.
    */
   preExec?: number;
   /** Whether one of those was seen past its exec while recovery waited, and is among the launch's candidates. */
@@ -520,13 +520,13 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     return [...(env.byToken.get(m.token) ?? []), ...unreadable];
   };
 
-  // Forks are taken from the first scan only, and each is followed until it has exec'd once for all
-  // the launches: a later scan of a busy host would catch new execs, and each would cost another scan.
+  // Forks are taken from the first scan only (a later scan of a busy host would catch new execs), and
+  // each one's exec or exit costs one more scan, whichever launches follow it.
   let firstScan: ReturnType<typeof scanned> | undefined;
   const settledForks = new Set<number>();
   // Read once a recover(): a clock stepped since an earlier one moves it.
   let bootMs: number | null | undefined;
-  /** What may be the launch's child short of its exec at the first scan, and not seen past it since: a fork of the supervisor that wrote it, or any process inside an execve. */
+  /** What may be the launch's child short of its exec at the first scan: a fork of the supervisor that wrote it, or one of ours inside an execve. */
   const unexecd = async (m: Manifest): Promise<Set<number>> => {
     firstScan ??= scanned();
     const { forks } = await firstScan;

@@ -1,25 +1,14 @@
-import { type ChildProcess, spawn as cpSpawn, execFile, execFileSync } from 'node:child_process';
+import { type ChildProcess, spawn as cpSpawn, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { promisify } from 'node:util';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../src/index.js';
 import { STARTING_CONFIRM_MS } from '../src/recover.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import {
-  asNamespaceInit,
-  hasUnshare,
-  isGone,
-  isRoot,
-  loggedSignals,
-  MARKER,
-  SIGNAL_LOGGER,
-  tmpDir,
-  waitFor,
-} from './helpers/procs.js';
-import { FIXTURES, LAUNCHER, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
+import { hasUnshare, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { PERL, PYTHON, recoverInNamespace, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -386,21 +375,7 @@ describe(`recovery in a PID namespace (${backend.name})`, () => {
   const run = async (mode: string, trials: number) => {
     const dir = tmpDir('custody-ns-');
     cleanups.push(() => dir.cleanup());
-    const { stdout } = await promisify(execFile)(
-      'unshare',
-      asNamespaceInit(
-        join(FIXTURES, 'recover-ns.mjs'),
-        mode,
-        join(dir.path, 'state'),
-        String(trials),
-        SIGNAL_LOGGER,
-        LAUNCHER,
-        PERL,
-        join(dir.path, 'signals.log'),
-      ),
-      { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 120_000 },
-    );
-    return JSON.parse(stdout.trim().split('\n').pop()!);
+    return recoverInNamespace(mode, dir.path, trials, { timeoutMs: 120_000 });
   };
 
   it('a supervisor SIGKILLed between spawn and confirm, then reopened: no orphan, no zombie, no stale manifest', async (ctx) => {

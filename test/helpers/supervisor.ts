@@ -1,7 +1,9 @@
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { backend } from '../../src/backend/index.js';
 import { Supervisor, type CustodyEvent, type SupervisorOptions } from '../../src/index.js';
-import { MARKER, tmpDir } from './procs.js';
+import { asNamespaceInit, MARKER, SIGNAL_LOGGER, tmpDir } from './procs.js';
 
 export const FIXTURES = join(import.meta.dirname, '..', 'fixtures');
 export const FAKE_VM = join(FIXTURES, 'fake-vm.py');
@@ -13,6 +15,27 @@ export const LAUNCHER = join(FIXTURES, 'launcher.sh');
  */
 export const PERL = execFileSync('sh', ['-c', 'command -v perl'], { encoding: 'utf8' }).trim();
 export const PYTHON = execFileSync('python3', ['-c', 'import sys; print(sys.executable)'], { encoding: 'utf8' }).trim();
+
+/**
+ * Runs test/fixtures/recover-ns.mjs as pid 1 of a new PID namespace, on this
+ * backend, with its state and signal log in `dir`: its one JSON report, as
+ * JSON.parse gives it (each test reads the fields of its mode).
+ * `extra` follows the fixture's fixed arguments (the strace path, for one mode).
+ */
+export async function recoverInNamespace(
+  mode: string,
+  dir: string,
+  trials: number,
+  options: { timeoutMs: number; extra?: string[] },
+): Promise<ReturnType<typeof JSON.parse>> {
+  const args = [mode, join(dir, 'state'), String(trials), SIGNAL_LOGGER, LAUNCHER, PERL, join(dir, 'signals.log')];
+  const { stdout } = await promisify(execFile)(
+    'unshare',
+    asNamespaceInit(join(FIXTURES, 'recover-ns.mjs'), ...args, FAKE_VM, PYTHON, ...(options.extra ?? [])),
+    { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: options.timeoutMs, maxBuffer: 16 << 20 },
+  );
+  return JSON.parse(stdout.trim().split('\n').pop()!);
+}
 
 /** A supervisor on a fresh state dir, with its events collected. */
 export async function openSupervisor(extra: Partial<SupervisorOptions> = {}) {

@@ -1,16 +1,8 @@
-// Crashes: a supervisor process SIGKILLed at a random moment of a random
-// lifecycle (launch, confirm, ready, abandon, escalation, stop), inside a
-// PID namespace whose init reaps orphans as a real init would. After each,
-// a new supervisor recovers. `npm test` runs a few dozen trials; `npm run
-// soak` runs 200 (CUSTODY_SOAK=1).
-import { execFile } from 'node:child_process';
-import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { asNamespaceInit, hasUnshare, isRoot, SIGNAL_LOGGER, tmpDir } from '../helpers/procs.js';
-import { FAKE_VM, FIXTURES, LAUNCHER, PERL, PYTHON } from '../helpers/supervisor.js';
+import { recoverInNamespace } from '../helpers/supervisor.js';
+import { hasUnshare, isRoot, tmpDir } from '../helpers/procs.js';
 
 expectNoLeaks();
 
@@ -24,27 +16,7 @@ describe(`crash recovery (${backend.name})`, () => {
     ctx.skip(!(isRoot() && hasUnshare()), 'needs root and unshare --pid: each trial runs in its own PID namespace');
     const dir = tmpDir('custody-chaos-');
     try {
-      const { stdout } = await promisify(execFile)(
-        'unshare',
-        asNamespaceInit(
-          join(FIXTURES, 'recover-ns.mjs'),
-          'chaos',
-          join(dir.path, 'state'),
-          String(TRIALS),
-          SIGNAL_LOGGER,
-          LAUNCHER,
-          PERL,
-          join(dir.path, 'decoys.log'),
-          FAKE_VM,
-          PYTHON,
-        ),
-        {
-          env: { ...process.env, CUSTODY_BACKEND: backend.name },
-          timeout: SOAK ? 1_700_000 : 230_000,
-          maxBuffer: 16 << 20,
-        },
-      );
-      const r = JSON.parse(stdout.trim().split('\n').pop()!);
+      const r = await recoverInNamespace('chaos', dir.path, TRIALS, { timeoutMs: SOAK ? 1_700_000 : 230_000 });
       const summary = { trials: r.trials, adopted: 0, cleaned: 0, quarantined: 0 };
       for (const rep of r.reports) {
         summary.adopted += rep.adopted;

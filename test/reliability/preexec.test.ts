@@ -5,14 +5,12 @@
 // whose init reaps orphans. Recovery must wait for it and adopt what it
 // becomes (1.5 s, within the 3 s confirm bound), or defer the launch and
 // leave it untouched (7 s), never clean the state and orphan it.
-import { execFile, execFileSync } from 'node:child_process';
-import { join } from 'node:path';
-import { promisify } from 'node:util';
+import { execFileSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { asNamespaceInit, hasUnshare, isRoot, SIGNAL_LOGGER, tmpDir } from '../helpers/procs.js';
-import { FAKE_VM, FIXTURES, LAUNCHER, PERL, PYTHON } from '../helpers/supervisor.js';
+import { recoverInNamespace } from '../helpers/supervisor.js';
+import { hasUnshare, isRoot, tmpDir } from '../helpers/procs.js';
 
 expectNoLeaks();
 
@@ -32,24 +30,7 @@ describe(`a supervisor killed before its child's exec (${backend.name})`, () => 
     ctx.skip(STRACE === '', 'needs strace (.ci/run installs it): it holds the child at its execve');
     const dir = tmpDir('custody-preexec-');
     try {
-      const { stdout } = await promisify(execFile)(
-        'unshare',
-        asNamespaceInit(
-          join(FIXTURES, 'recover-ns.mjs'),
-          'preexec',
-          join(dir.path, 'state'),
-          '2',
-          SIGNAL_LOGGER,
-          LAUNCHER,
-          PERL,
-          join(dir.path, 'signals.log'),
-          FAKE_VM,
-          PYTHON,
-          STRACE,
-        ),
-        { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 80_000, maxBuffer: 16 << 20 },
-      );
-      const r = JSON.parse(stdout.trim().split('\n').pop()!);
+      const r = await recoverInNamespace('preexec', dir.path, 2, { timeoutMs: 80_000, extra: [STRACE] });
       console.log(`${backend.name}: ${JSON.stringify(r.reports)}`);
       expect(r.errors).toEqual([]);
       expect(r.trials).toBe(2);

@@ -487,11 +487,10 @@ async function keepOnlyRunning(store) {
  * A process that has exited, the supervisor of an interrupted launch: its pid, and the memory layout
  * it showed (its manifest's forkImage), which no live process shows now.
  */
-function deadSupervisor() {
+function deadSupervisor(parseImage) {
   const r = spawnSync('/bin/sh', ['-c', 'cat /proc/$$/stat'], { encoding: 'latin1' });
   if (r.error || !r.pid) throw new Error(`/bin/sh: ${r.error?.message ?? 'no pid'}`);
-  const f = r.stdout.slice(r.stdout.lastIndexOf(')') + 2).split(' ');
-  return { pid: r.pid, image: [f[23], f[44], f[25]].join(':') };
+  return { pid: r.pid, image: parseImage(r.stdout) };
 }
 
 async function worker([stateDir, interruptedArg, runningArg]) {
@@ -516,7 +515,7 @@ async function worker([stateDir, interruptedArg, runningArg]) {
     throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
   // Every manifest left is a running one.
   const template = store.read(store.ids()[0]);
-  const gone = deadSupervisor();
+  const gone = deadSupervisor((await import('../dist/proc.js')).parseImage);
   const now = new Date().toISOString();
   for (let k = 0; k < interrupted; k++) {
     const token = randomBytes(16).toString('hex');

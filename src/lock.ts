@@ -274,13 +274,7 @@ export class StateLock {
       const legacy = readRecordFd(lockFd);
       if ('holder' in legacy && holderAlive(legacy.holder)) throw lockedBy(dir, legacy.holder);
       genFd = takeGeneration(dir);
-      let flocked: boolean | 'unsupported';
-      try {
-        flocked = backend.tryLock(lockFd);
-      } catch (err) {
-        throw new StateIOError(`cannot lock ${dir.show(LOCK)}`, err);
-      }
-      if (flocked === false) flockInherited(dir, lockFd);
+      if (tryFlock(dir, lockFd) === false) flockInherited(dir, lockFd);
       ftruncateSync(lockFd, 0);
       writeSync(lockFd, `${JSON.stringify(ownRecord())}\n`, 0);
     } catch (err) {
@@ -346,13 +340,16 @@ function flockInherited(dir: StateDir, lockFd: number): void {
     }
     pause(ms);
     ms = Math.min(ms * 2, 50);
-    let flocked: boolean | 'unsupported';
-    try {
-      flocked = backend.tryLock(lockFd);
-    } catch (err) {
-      throw new StateIOError(`cannot lock ${dir.show(LOCK)}`, err);
-    }
-    if (flocked !== false) return;
+    if (tryFlock(dir, lockFd) !== false) return;
+  }
+}
+
+/** flock(LOCK_EX | LOCK_NB) on .lock: false while another open file holds it; 'unsupported' on the js backend. */
+function tryFlock(dir: StateDir, lockFd: number): boolean | 'unsupported' {
+  try {
+    return backend.tryLock(lockFd);
+  } catch (err) {
+    throw new StateIOError(`cannot lock ${dir.show(LOCK)}`, err);
   }
 }
 

@@ -75,11 +75,6 @@ export function parseImage(text: string): string | null {
   return parseLayout(text).image;
 }
 
-/** Whether a /proc/<pid>/stat line is a kernel thread's (parseLayout). */
-export function isKernelThreadStat(text: string): boolean {
-  return parseLayout(text).kernelThread;
-}
-
 /**
  * Splits /proc/<pid>/cmdline on NUL. A trailing NUL ends the last argument;
  * a process that rewrote its argv may leave none, and its last piece still

@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
 import { imageOf } from '../src/backend/procview.js';
-import { isKernelThreadStat, parseImage, parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
+import { parseImage, parseLayout, parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 import { MARKER } from './helpers/procs.js';
 import { PERL, PYTHON } from './helpers/supervisor.js';
@@ -87,7 +87,7 @@ describe('parseStatusUid', () => {
   });
 });
 
-describe('parseImage and isKernelThreadStat', () => {
+describe('parseLayout: the image and the kernel-thread flag', () => {
   // A 52-field line: fields 9 (flags), 26 (startcode), 28 (startstack) and 47 (start_brk) as given.
   const withLayout = (comm: string, code: string, stack: string, brk: string, flags = 4194560) => {
     const rest = Array.from({ length: 50 }, () => '0');
@@ -112,8 +112,8 @@ describe('parseImage and isKernelThreadStat', () => {
   });
 
   it('tells a kernel thread by PF_KTHREAD in field 9', () => {
-    expect(isKernelThreadStat(withLayout('kworker/0:1', '0', '0', '0', 0x00208040))).toBe(true);
-    expect(isKernelThreadStat(withLayout('sleep', '1', '2', '3', 4194560))).toBe(false);
+    expect(parseLayout(withLayout('kworker/0:1', '0', '0', '0', 0x00208040)).kernelThread).toBe(true);
+    expect(parseLayout(withLayout('sleep', '1', '2', '3', 4194560)).kernelThread).toBe(false);
   });
 });
 
@@ -148,7 +148,7 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
       const kthreads = rows.filter((r) => r.kernelThread);
       expect(kthreads.filter((r) => r.argv.length > 0)).toEqual([]);
       const kthreadd = existsSync('/proc/2/stat') ? readFileSync('/proc/2/stat', 'latin1') : '';
-      if (isKernelThreadStat(kthreadd)) expect(kthreads.map((r) => r.pid)).toContain(2);
+      if (parseLayout(kthreadd).kernelThread) expect(kthreads.map((r) => r.pid)).toContain(2);
       expect((await backend.listProcesses()).some((r) => r.image !== undefined || r.kernelThread !== undefined)).toBe(
         false,
       );

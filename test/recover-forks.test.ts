@@ -8,6 +8,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
+import { imageOf } from '../src/backend/procview.js';
 import { Supervisor } from '../src/index.js';
 import { MANIFEST_VERSION, StateStore, type StartingManifest } from '../src/store.js';
 import { expectNoLeaks } from './helpers/leaks.js';
@@ -130,8 +131,6 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
     ended.push(sup);
     const fork = Number(await firstLine(sup));
     extraPids.push(fork);
-    const st = readFileSync(`/proc/${sup.pid}/stat`, 'latin1');
-    const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
     const stateDir = await interrupted([
       {
         token,
@@ -139,7 +138,7 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
         pidSource: 'function',
         executable: PERL,
         supervisorPid: sup.pid!,
-        forkImage: [f[23], f[44], f[25]].join(':'),
+        forkImage: imageOf(sup.pid!)!,
       },
     ]);
     sup.kill('SIGKILL');

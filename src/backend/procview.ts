@@ -141,7 +141,7 @@ export function ownForkImage(): string | null {
     const randomized =
       readFileSync('/proc/sys/kernel/randomize_va_space', 'latin1').trim() !== '0' &&
       (Number.parseInt(readFileSync('/proc/self/personality', 'latin1'), 16) & ADDR_NO_RANDOMIZE) === 0;
-    if (randomized) image = parseImage(readFileSync('/proc/self/stat', 'latin1'));
+    if (randomized) image = imageOf(process.pid);
   } catch {
     // no /proc, or one that hides these: no image
   }

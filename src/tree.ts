@@ -291,12 +291,10 @@ class MemberSet {
    * whoever reaps it. Never a child custody spawned.
    */
   reapLeaders(): void {
-    if (!this.#reap || this.#led.size === 0 || backend.childSubreaper() !== true) return;
-    for (const pid of backend.children(process.pid)) {
+    if (!this.#reap || this.#led.size === 0) return;
+    for (const pid of zombieOrphans((pid) => this.#led.get(pid) != null)) {
       const id = this.#led.get(pid);
-      if (id === undefined || id === null || backend.spawnedHere(pid)) continue;
-      const st = backend.stat(pid);
-      if (st && (st.state === 'Z' || st.state === 'X')) backend.reapZombie(pid, id);
+      if (id) backend.reapZombie(pid, id);
     }
   }
 
@@ -532,11 +530,22 @@ async function killAll(cg: InstanceCgroup, roots: ProcessHandle[], killWaitMs: n
  * ours is someone's spawn: child_process's, on the js backend).
  */
 function reapOrphans(cg: InstanceCgroup, roots: ProcessHandle[]): void {
-  if (backend.childSubreaper() !== true) return;
   const own = new Set(roots.map((r) => r.pid));
-  for (const pid of backend.children(process.pid)) {
-    if (own.has(pid) || backend.spawnedHere(pid)) continue;
+  for (const pid of zombieOrphans((pid) => !own.has(pid)))
+    if (backend.cgroupOf(pid) === cg.node) backend.reapZombie(pid);
+}
+
+/**
+ * Our children that `accept` takes, that no spawn of ours made (its watcher
+ * reaps those), and that are zombies now: what re-parenting brought us. Only
+ * as a subreaper; otherwise every child of ours is someone's spawn
+ * (child_process's, on the js backend). `accept` runs before any stat.
+ */
+function zombieOrphans(accept: (pid: number) => boolean): number[] {
+  if (backend.childSubreaper() !== true) return [];
+  return backend.children(process.pid).filter((pid) => {
+    if (!accept(pid) || backend.spawnedHere(pid)) return false;
     const st = backend.stat(pid);
-    if (st && (st.state === 'Z' || st.state === 'X') && backend.cgroupOf(pid) === cg.node) backend.reapZombie(pid);
-  }
+    return st !== null && (st.state === 'Z' || st.state === 'X');
+  });
 }

@@ -3,6 +3,7 @@
  * mount (found from /proc/self/mountinfo, never assumed), removed at the end;
  * the reason to skip where cgroup v2 is not writable here.
  */
+import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, expect } from 'vitest';
@@ -27,8 +28,13 @@ export const CGROUP_SKIP: string | null = (() => {
   }
 })();
 
-/** This worker's cgroup root: `<mount>/custody-test-<pid>` (not created: Supervisor.open creates it). */
-export const CGROUP_ROOT = CGROUP_MOUNT ? join(CGROUP_MOUNT, `custody-test-${process.pid}`) : '/nonexistent';
+/**
+ * This worker's cgroup root: `<mount>/custody-test-<pid>-<random>` (not created: Supervisor.open creates it).
+ * Random too: a run killed mid-test leaves its root behind, and a later worker may get the same pid.
+ */
+export const CGROUP_ROOT = CGROUP_MOUNT
+  ? join(CGROUP_MOUNT, `custody-test-${process.pid}-${randomBytes(4).toString('hex')}`)
+  : '/nonexistent';
 
 /** Every cgroup (directory) below dir, deepest first. */
 export function cgroupsBelow(dir: string): string[] {

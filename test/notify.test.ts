@@ -10,10 +10,11 @@ import { capabilities, Supervisor, type CustodyEvent } from '../src/index.js';
 import { parseNotification } from '../src/notify.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { asNamespaceInit, hasUnshare, isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
-import { CGROUP_ROOT, CGROUP_SKIP } from './helpers/cgroup.js';
+import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from './helpers/cgroup.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
+expectNoCgroupsLeft();
 
 const DAEMON = join(FIXTURES, 'notify-daemon.py');
 const native = backend.name === 'native';

@@ -12,11 +12,12 @@ import { inspect, Supervisor } from '../src/index.js';
 import { envToken, mayCarryEnvToken } from '../src/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
-import { CGROUP_ROOT, CGROUP_SKIP } from './helpers/cgroup.js';
+import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from './helpers/cgroup.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
 import { plainEnv } from './integration/plain-env.js';
 
 expectNoLeaks({ marker: MARKER });
+expectNoCgroupsLeft();
 
 const SLEEP = realpathSync('/bin/sleep');
 

@@ -59,10 +59,24 @@ export function isGone(pid: number): boolean {
   return st === null || st[0] === 'Z';
 }
 
-/** An unused pid: no /proc entry now. */
+/**
+ * A pid with no process that will not get one while a test uses it.
+ *
+ * On a busy host pids wrap within seconds, so "free now" is not enough: the
+ * pid just ahead of the allocation cursor is handed out next. Once the cursor
+ * has passed RESERVED_PIDS (300) the kernel allocates only from 300 up
+ * (kernel/pid.c, alloc_pid), so a free pid below 300 stays free. Failing
+ * that, the free pid just behind the cursor is the last the kernel reaches.
+ */
 export function unusedPid(): number {
   const max = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8'));
-  for (let p = max - 1; p > 1; p--) if (!existsSync(`/proc/${p}`)) return p;
+  const cursor = Number(readFileSync('/proc/sys/kernel/ns_last_pid', 'utf8'));
+  const free = (p: number) => !existsSync(`/proc/${p}`);
+  if (cursor > 300) for (let p = 299; p > 1; p--) if (free(p)) return p;
+  for (let back = 1; back < max; back++) {
+    const p = ((((cursor - back) % max) + max) % max) as number;
+    if (p > 1 && free(p)) return p;
+  }
   throw new Error('no free pid');
 }
 

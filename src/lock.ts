@@ -28,6 +28,7 @@ import { backend } from './backend/index.js';
 import { ownPidNs } from './backend/procview.js';
 import { StateIOError, StateLockedError, UnsafePathError } from './errors.js';
 import { openRegular, type Opened } from './files.js';
+import { processWide } from './processwide.js';
 import { errnoCode, LOCK, type StateDir } from './statedir.js';
 
 interface Holder {
@@ -47,8 +48,14 @@ const MAX_RECORD_BYTES = 512;
 /** Rounds of list, judge, link before giving up under contention (each lost round means another opener won). */
 const MAX_ROUNDS = 50;
 
-/** State dirs (dev:ino) this process holds: a second supervisor in it is refused like one in another process. */
-const lockedHere = new Set<string>();
+/**
+ * State dirs (dev:ino) this process holds: a second supervisor in it is
+ * refused like one in another process. Process-wide: a second copy of
+ * custody in this process shares our pid, so it would take our record for
+ * that of a dead earlier owner of the pid. On the native backend the flock
+ * excludes the copies as well; on js this is all that does.
+ */
+const lockedHere = processWide('lockedStateDirs', () => new Set<string>());
 let tmpCounter = 0;
 
 const sleepCell = new Int32Array(new SharedArrayBuffer(4));
@@ -99,7 +106,7 @@ function holderAlive(h: Holder): boolean {
   if (h.bootId && me.bootId && h.bootId !== me.bootId) return false;
   // Its pid names another process here: nothing proves it gone.
   if (h.pidNs != null && me.pidNs !== null && h.pidNs !== me.pidNs) return true;
-  // This process holds nothing it did not record in lockedHere; an earlier owner of our pid is gone.
+  // This process (every copy of custody in it) holds nothing it did not record in lockedHere; an earlier owner of our pid is gone.
   if (h.pid === process.pid) return false;
   if (h.startTicks < 0) {
     try {

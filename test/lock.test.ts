@@ -254,6 +254,43 @@ describe(`the state dir lock (${backend.name})`, () => {
     await supervisor.close();
     await openClose(dir);
   });
+
+  it('two copies of custody in one process (the ESM and the CommonJS build) exclude each other too', async () => {
+    // A product that bundles one copy while a dependency brings another: two
+    // module instances, one pid. The second must be refused while the first
+    // holds the dir, and take it once the first has closed.
+    const dir = stateDir();
+    const child = new NodeChild(
+      `
+      const { createRequire } = await import('node:module');
+      const esm = await import(${JSON.stringify(DIST)});
+      const cjs = createRequire(import.meta.url)(${JSON.stringify(join(DIST, '..', 'cjs', 'index.js'))});
+      const dir = ${JSON.stringify(dir)};
+      const out = { distinct: esm.Supervisor !== cjs.Supervisor };
+      const { supervisor } = await esm.Supervisor.open({ stateDir: dir, onEvent: () => {} });
+      try {
+        const second = await cjs.Supervisor.open({ stateDir: dir, onEvent: () => {} });
+        out.second = 'held';
+        await second.supervisor.close();
+      } catch (e) {
+        out.second = { code: e.code, holderPid: e.holderPid };
+      }
+      await supervisor.close();
+      await (await cjs.Supervisor.open({ stateDir: dir, onEvent: () => {} })).supervisor.close();
+      out.afterClose = 'held';
+      out.pid = process.pid;
+      console.log(JSON.stringify(out));`,
+      backend.name,
+    );
+    cleanups.push(() => child.end());
+    const out = JSON.parse((await child.next()) ?? 'null');
+    expect(out).toEqual({
+      distinct: true,
+      second: { code: 'ERR_CUSTODY_STATE_LOCKED', holderPid: out.pid },
+      afterClose: 'held',
+      pid: out.pid,
+    });
+  });
   /**
    * A holder that hands its lock fd to a process of its own (as its fork does
    * between clone and exec), then dies by SIGKILL: the fd's holder keeps the

@@ -11,6 +11,7 @@ import { NotAProcessError } from '../errors.js';
 import { PF_KTHREAD, parseStatusField } from '../proc.js';
 import { decodeWaitStatus, UNKNOWN_EXIT } from '../signals.js';
 import { backoff } from '../timing.js';
+import { processWide } from '../processwide.js';
 import { assertOwnProc, ownPidNs, ProcReads } from './procview.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
@@ -137,8 +138,12 @@ export function exitWatchesOf(addon: NativeAddon): ExitWatches {
   return holder[EXIT_WATCHES];
 }
 
-/** Children this addon spawned and has not reaped yet: their own watchers reap them, nobody else may. */
-const spawnedPids = new Set<number>();
+/**
+ * Children a native spawn made and has not reaped yet: their own watchers
+ * reap them, nobody else may. Process-wide: another copy of custody here
+ * reaps orphans for its instances and must leave these to their watchers.
+ */
+const spawnedPids = processWide('spawnedPids', () => new Set<number>());
 
 /** At most this many threadpool threads share one argv-first scan (libuv's pool has four by default). */
 const MATCH_SHARDS = 2;

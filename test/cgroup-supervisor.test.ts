@@ -16,7 +16,16 @@ import { cgroupName } from '../src/cgroup.js';
 import type { SupervisorOptions } from '../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from './helpers/cgroup.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, killAndWait, loggedSignals, MARKER, procStat, SIGNAL_LOGGER, waitFor } from './helpers/procs.js';
+import {
+  isGone,
+  killAndWait,
+  killOwn,
+  loggedSignals,
+  MARKER,
+  procStat,
+  SIGNAL_LOGGER,
+  waitFor,
+} from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -298,7 +307,7 @@ describe(`instance cgroups (${backend.name})`, () => {
       await supervisor.stop('fn', { graceMs: 2000 });
       await waitFor(() => isGone(target), 5000, 'the target to be reaped by init');
     } finally {
-      if (!isGone(target)) process.kill(target, 'SIGKILL');
+      killOwn(target);
     }
   });
 

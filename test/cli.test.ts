@@ -18,7 +18,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { inspect, logPaths, spawn, Supervisor } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isGone, loggedSignals, MARKER, tmpDir, unusedPid, waitFor } from './helpers/procs.js';
+import { endOwn, isGone, loggedSignals, MARKER, tmpDir, unusedPid, waitFor } from './helpers/procs.js';
 import { fill01, identityVars, write01 } from './helpers/state.js';
 import { PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
@@ -119,17 +119,7 @@ function snapshot(dir: string): string[] {
 
 /** Ends, by pid, what a test started and left; waits until each is gone. */
 function endAtCleanup(pids: () => number[]): void {
-  cleanups.push(async () => {
-    const left = pids().filter((pid) => !isGone(pid));
-    for (const pid of left) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone meanwhile
-      }
-    }
-    await waitFor(() => left.every(isGone), 10_000, 'cleanup').catch(() => {});
-  });
+  cleanups.push(() => endOwn(pids(), 10_000));
 }
 
 /** A state dir from a real Supervisor launch: fake VMs, those named in `tamper` quarantined at the next recovery. */

@@ -10,7 +10,7 @@ import { loadAddon } from '../src/backend/addon.js';
 import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isRoot, killAndWait, MARKER, procStat, tmpDir, untilReady } from './helpers/procs.js';
+import { endOwn, goneFrom, isRoot, killAndWait, MARKER, procStat, tmpDir, untilReady } from './helpers/procs.js';
 import { DIST, fill01, NodeChild } from './helpers/state.js';
 import { PERL } from './helpers/supervisor.js';
 
@@ -310,13 +310,7 @@ describe(`the state dir lock (${backend.name})`, () => {
     );
     cleanups.push(() => holder.end());
     const heir = Number(await holder.next());
-    cleanups.push(() => {
-      try {
-        process.kill(heir, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    });
+    cleanups.push(() => endOwn([heir]));
     holder.child.kill('SIGKILL');
     await holder.exited;
     return heir;
@@ -331,7 +325,7 @@ describe(`the state dir lock (${backend.name})`, () => {
     const brief = await holderWithHeir(dir, 0.8);
     expect(procStat(brief)?.[0]).toMatch(/[SR]/);
     await openClose(dir);
-    expect(procStat(brief) === null || procStat(brief)?.[0] === 'Z').toBe(true);
+    expect(goneFrom(brief)).toBe(true);
     // Kept past it: refused, and told why; the heir is not touched.
     const stubborn = await holderWithHeir(dir, 300);
     await expect(Supervisor.open({ stateDir: dir })).rejects.toMatchObject({

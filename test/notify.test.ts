@@ -9,7 +9,17 @@ import { backend } from '../src/backend/index.js';
 import { capabilities, Supervisor, type CustodyEvent } from '../src/index.js';
 import { parseNotification } from '../src/notify.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { asNamespaceInit, hasUnshare, isGone, isRoot, killAndWait, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import {
+  asNamespaceInit,
+  goneFrom,
+  hasUnshare,
+  isGone,
+  isRoot,
+  killAndWait,
+  MARKER,
+  tmpDir,
+  waitFor,
+} from './helpers/procs.js';
 import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from './helpers/cgroup.js';
 import { FIXTURES, openSupervisor, PYTHON } from './helpers/supervisor.js';
 
@@ -321,7 +331,7 @@ describe.runIf(native)('ready: notify (native)', () => {
     const confirms = of(ctx.events, 'f', 'confirm');
     expect(confirms.map((e) => e.pid)).toEqual([spawned, inst.pid]);
     expect(confirms[1]!.message).toMatch(/MAINPID=/);
-    await waitFor(() => isGone(spawned), 5000, 'the parent to exit');
+    await waitFor(() => goneFrom(spawned), 5000, 'the parent to exit');
     expect(ctx.supervisor.list()).toEqual([expect.objectContaining({ id: 'f', status: 'running', pid: inst.pid })]);
     await ctx.supervisor.stop('f', { graceMs: 2000 });
     expect(isGone(inst.pid)).toBe(true);

@@ -19,6 +19,7 @@ import {
   hasUnshare,
   isGone,
   killAndWait,
+  killOwn,
   MARKER,
   procStat,
   SIGNAL_LOGGER,
@@ -224,7 +225,7 @@ describe(`ownership rule (${backend.name})`, () => {
         ).toEqual([stranger.pid]);
       } finally {
         // Only on failure is it still there: ended by pid, so no later test finds it.
-        if (!isGone(helper.pid)) process.kill(helper.pid, 'SIGKILL');
+        killOwn(helper.pid, { mark: inst.token });
       }
     },
   );

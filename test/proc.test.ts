@@ -6,7 +6,7 @@ import type { NativeBackend } from '../src/backend/native.js';
 import { imageOf } from '../src/backend/procview.js';
 import { parseImage, parseLayout, parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { MARKER } from './helpers/procs.js';
+import { killOwn, MARKER } from './helpers/procs.js';
 import { PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -162,11 +162,7 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
         await new Promise((r) => setTimeout(r, 10));
       expect(backend.execStage(child, image!)).toBe('gone');
     } finally {
-      try {
-        if (child > 0) process.kill(child, 'SIGKILL');
-      } catch {
-        // gone
-      }
+      if (child > 0) killOwn(child);
       parent.kill('SIGKILL');
       await new Promise((r) =>
         parent.exitCode !== null || parent.signalCode !== null ? r(null) : parent.once('exit', r),

@@ -7,7 +7,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { CustodyEvent } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, MARKER } from './helpers/procs.js';
+import { goneSince, isGone, MARKER } from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -264,7 +264,7 @@ describe(`ready: { socket, probe } (${backend.name})`, () => {
       ready: { socket, probe: () => void syncCalls++ },
     });
     expect(syncCalls).toBe(1);
-    expect(isGone(inst.pid)).toBe(true);
+    expect(goneSince(inst.pid, inst.identity.startTicks)).toBe(true);
   });
 
   it('a probe that never succeeds is ERR_CUSTODY_READY_TIMEOUT with its last error as the cause', async () => {

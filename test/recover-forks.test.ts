@@ -12,21 +12,15 @@ import { imageOf } from '../src/backend/procview.js';
 import { Supervisor } from '../src/index.js';
 import { MANIFEST_VERSION, StateStore, type StartingManifest } from '../src/store.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isRoot, MARKER, tmpDir } from './helpers/procs.js';
+import { endOwn, isRoot, MARKER, type Own, startOf, tmpDir } from './helpers/procs.js';
 import { FIXTURES, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
 const ended: ChildProcess[] = [];
-const extraPids: number[] = [];
+const extraPids: Own[] = [];
 afterEach(async () => {
-  for (const pid of extraPids.splice(0)) {
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      // gone
-    }
-  }
+  await endOwn(extraPids.splice(0));
   for (const c of ended.splice(0)) {
     if (c.exitCode === null && c.signalCode === null) {
       c.kill('SIGKILL');
@@ -130,7 +124,7 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
     );
     ended.push(sup);
     const fork = Number(await firstLine(sup));
-    extraPids.push(fork);
+    extraPids.push({ pid: fork, start: startOf(fork) });
     const stateDir = await interrupted([
       {
         token,
@@ -148,7 +142,7 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
       expect(report.cleaned).toEqual([]);
       expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
       const target = report.adopted[0]!.pid!;
-      extraPids.push(target);
+      extraPids.push({ pid: target, start: startOf(target) });
       expect(carriers(token)).toEqual([target]);
       await supervisor.stop('i-0', { graceMs: 1000 });
       expect(carriers(token)).toEqual([]);

@@ -7,7 +7,7 @@ import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../src/index.js';
 import { STARTING_CONFIRM_MS } from '../src/recover.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { hasUnshare, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { endOwn, hasUnshare, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { PERL, PYTHON, recoverInNamespace, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -37,14 +37,7 @@ async function launchedThenClosed(ids: string[], extraArgs: string[] = []) {
   }
   await supervisor.close();
   cleanups.push(async () => {
-    for (const pid of Object.values(pids)) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // already gone
-      }
-    }
-    await waitFor(() => Object.values(pids).every(isGone), 5000, 'cleanup').catch(() => {});
+    await endOwn(Object.values(pids));
     dir.cleanup();
   });
   const manifestPath = (id: string) => join(stateDir, id, 'manifest.json');

@@ -25,7 +25,7 @@ import { removeDeclaredPaths } from '../src/paths.js';
 import { decodeManifest } from '../src/store.js';
 import { pidMax } from '../src/validate.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { endOwn, goneFrom, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { DIST } from './helpers/state.js';
 import { PERL } from './helpers/supervisor.js';
 
@@ -58,14 +58,7 @@ async function opened() {
   let current = await Supervisor.open({ stateDir, onEvent: (e) => events.push(e) });
   cleanups.push(async () => {
     await current.supervisor.close();
-    for (const pid of pids) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
-    await waitFor(() => [...pids].every(isGone), 5000, 'cleanup').catch(() => {});
+    await endOwn(pids);
     dir.cleanup();
   });
   return {
@@ -409,7 +402,7 @@ describe(`writes that fail (${backend.name})`, () => {
     const r = await underFdLimit(script, 60_000);
     expect(r.error).toBe('EMFILE');
     expect(r.exit).toMatchObject({ signal: 'SIGTERM' });
-    expect(isGone(r.pid)).toBe(true);
+    expect(goneFrom(r.pid)).toBe(true);
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 });

@@ -6,7 +6,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { Supervisor, verify, type CustodyEvent } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
+import { goneFrom, goneSince, isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { LAUNCHER, openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -145,7 +145,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(socketsAtAbandon).toEqual([false, false]);
     // Every earlier attempt's process is gone, not a zombie.
     for (const e of ctx.events.filter((x) => x.type === 'spawn' && x.pid !== inst.pid))
-      expect(isGone(e.pid!)).toBe(true);
+      expect(goneFrom(e.pid!)).toBe(true);
     await expect(
       ctx.supervisor.launch({
         id: 'fails',
@@ -442,7 +442,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(results.every((r) => r.outcome === 'exited')).toBe(true);
     expect(ctx.supervisor.list()).toEqual([]);
     expect(processesWithMarker(MARKER)).toEqual([]);
-    for (const i of insts) expect(isGone(i.pid)).toBe(true);
+    for (const i of insts) expect(goneSince(i.pid, i.identity.startTicks)).toBe(true);
     expect(fds()).toBe(before);
   });
 

@@ -60,6 +60,62 @@ export function isGone(pid: number): boolean {
 }
 
 /**
+ * Whether the process that had start time `start` at pid (stat field 22, as
+ * identity.startTicks holds it, read while it was known alive) is gone: none
+ * there, a zombie, or another process. On a busy host a pid freed seconds
+ * ago may already be a stranger's, which isGone would take for it.
+ */
+export function goneSince(pid: number, start: number | string | null): boolean {
+  const st = procStat(pid);
+  return st === null || st[0] === 'Z' || st[19] !== String(start);
+}
+
+/**
+ * Whether no process of the test's own is left at pid: none there, a zombie,
+ * or one whose argv no longer carries `mark` (a stranger that reused the pid).
+ * For pids whose start time was never read, such as those of events.
+ */
+export function goneFrom(pid: number, mark = MARKER): boolean {
+  if (isGone(pid)) return true;
+  try {
+    return !readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes(mark);
+  } catch {
+    return true;
+  }
+}
+
+/** The start time of the process at pid (stat field 22), or null when there is none. */
+export function startOf(pid: number): string | null {
+  return procStat(pid)?.[19] ?? null;
+}
+
+/**
+ * SIGKILL from a test's cleanup, only to the process it means. A process the
+ * test started and that exited meanwhile may have left its pid to a stranger
+ * (another test worker, even): the pid must still carry `mark` in its argv
+ * or, given `start`, still have that start time. Returns whether it sent.
+ */
+export function killOwn(pid: number, options: { start?: number | string | null; mark?: string } = {}): boolean {
+  const { start, mark = MARKER } = options;
+  let ours: boolean;
+  if (start !== undefined) ours = start !== null && startOf(pid) === String(start);
+  else {
+    try {
+      ours = readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes(mark);
+    } catch {
+      ours = false;
+    }
+  }
+  if (!ours) return false;
+  try {
+    process.kill(pid, 'SIGKILL');
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
  * A pid with no process that will not get one while a test uses it.
  *
  * On a busy host pids wrap within seconds, so "free now" is not enough: the
@@ -78,6 +134,19 @@ export function unusedPid(): number {
     if (p > 1 && free(p)) return p;
   }
   throw new Error('no free pid');
+}
+
+/** A process to end at cleanup: a pid that carries MARKER in its argv, or a pid with its start time (startOf). */
+export type Own = number | { pid: number; start: string | null };
+
+/** Ends, from a cleanup, each of `own` that is still the test's own (killOwn), and waits up to `ms` until those are gone. */
+export async function endOwn(own: Iterable<Own>, ms = 5000): Promise<void> {
+  const sent: Array<{ pid: number; start: string | null }> = [];
+  for (const o of own) {
+    const { pid, start } = typeof o === 'number' ? { pid: o, start: startOf(o) } : o;
+    if (killOwn(pid, typeof o === 'number' ? {} : { start })) sent.push({ pid, start });
+  }
+  await waitFor(() => sent.every(({ pid, start }) => goneSince(pid, start)), ms, 'cleanup').catch(() => {});
 }
 
 /**

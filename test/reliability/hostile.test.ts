@@ -9,7 +9,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor } from '../../src/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { isRoot, killAndWait, loggedSignals, MARKER, tmpDir, untilReady } from '../helpers/procs.js';
+import { endOwn, isRoot, killAndWait, loggedSignals, MARKER, tmpDir, untilReady } from '../helpers/procs.js';
 import { PERL } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -29,11 +29,7 @@ async function withTemplate() {
   const inst = await supervisor.launch({ id: 'real', command: PERL, args: (t) => ['-e', 'sleep 300', t, MARKER] });
   await supervisor.close();
   cleanups.push(async () => {
-    try {
-      process.kill(inst.pid, 'SIGKILL');
-    } catch {
-      // gone
-    }
+    await endOwn([inst.pid]);
     dir.cleanup();
   });
   const template = JSON.parse(readFileSync(join(stateDir, 'real', 'manifest.json'), 'utf8'));

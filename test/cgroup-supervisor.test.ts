@@ -354,7 +354,7 @@ describe(`instance cgroups (${backend.name})`, () => {
     const outside = cpSpawn(argv[0]!, argv.slice(1), { stdio: 'ignore' });
     strangers.push(outside);
     await waitFor(
-      () => processesWithMarker('sweepme').filter((p) => p.cmd.startsWith(PERL)).length === 2,
+      () => processesWithMarker(MARKER).filter((p) => p.cmd.startsWith(PERL) && p.cmd.includes('sweepme')).length === 2,
       5000,
       'both',
     );

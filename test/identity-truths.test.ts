@@ -16,7 +16,7 @@ import { decodeArg, displayArg, encodeArg } from '../src/bytes.js';
 import { inspect, open, spawn, Supervisor, sweep, verify, type ProcessIdentity } from '../src/index.js';
 import { compileC, copyAs } from './helpers/cprog.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { exited, killAndWait, procStat, tmpDir, waitFor } from './helpers/procs.js';
+import { exited, killAndWait, MARKER, procStat, tmpDir, waitFor } from './helpers/procs.js';
 import { FIXTURES, openSupervisor, PERL } from './helpers/supervisor.js';
 
 expectNoLeaks();
@@ -438,11 +438,12 @@ function exhausted(mode: 'sweep' | 'recover', free: number, arg: string): Record
 
 describe(`exhaustion is an error, not an answer (${backend.name})`, () => {
   it('with a few free fds a sweep fails with EMFILE or finds the process; it never reports no match', async () => {
-    const child = cpSpawn(PERL, ['-e', 'sleep 30', '--', 'exhaust-sweep-target'], { stdio: 'ignore' });
+    // The marker: the other backend's worker runs a twin of this test at the same time.
+    const child = cpSpawn(PERL, ['-e', 'sleep 30', '--', 'exhaust-sweep-target', MARKER], { stdio: 'ignore' });
     try {
-      await waitFor(() => inspect(child.pid!).argv.length === 5, 5000, 'perl to start');
+      await waitFor(() => inspect(child.pid!).argv.length === 6, 5000, 'perl to start');
       const results = [0, 1, 2, 3, 4].map((free) =>
-        exhausted('sweep', free, JSON.stringify([PERL, '-e', 'sleep 30', '--', 'exhaust-sweep-target'])),
+        exhausted('sweep', free, JSON.stringify([PERL, '-e', 'sleep 30', '--', 'exhaust-sweep-target', MARKER])),
       );
       for (const r of results) {
         if (r.error === undefined) expect(r.matched).toEqual([child.pid]);

@@ -100,7 +100,8 @@ describe(`inspect (${backend.name})`, () => {
       // stat twice too, to compare start times: the first read gets the real
       // text, the second, after the death, the impostor's.
       const stat = join(fake, 'stat');
-      const killReap = `kill -9 ${pid}; while kill -0 ${pid} 2>/dev/null; do sleep 0.01; done`;
+      // Bounded (5 s): a pid reused before the first poll must not keep the FIFO, and so inspect, blocked.
+      const killReap = `kill -9 ${pid}; for i in $(seq 500); do kill -0 ${pid} 2>/dev/null || break; sleep 0.01; done`;
       const script =
         backend.name === 'native'
           ? `exec 3>"$2"; ${killReap}; printf '%s' "$1" >&3; exec 3>&-; timeout 5 sh -c 'printf "%s" "$0" > "$1"' "$1" "$2"`

@@ -389,7 +389,8 @@ describe.runIf(native)('ready: notify (native)', () => {
         command: PYTHON,
         args: (t) => [DAEMON, MARKER, t, '--status', 'waiting for the network', '--never-ready'],
         ready: 'notify',
-        readyTimeoutMs: 400,
+        // Room for the daemon to start and send STATUS= on a loaded machine: the message must name it.
+        readyTimeoutMs: 2500,
       })
       .catch((e: unknown) => e);
     expect(err).toMatchObject({

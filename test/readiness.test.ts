@@ -276,7 +276,8 @@ describe(`ready: { socket, probe } (${backend.name})`, () => {
         id: 'mute',
         command: PYTHON,
         args: (t) => vmArgs(socket, t),
-        readyTimeoutMs: 300,
+        // Room for python to bind first on a loaded machine: the error must carry a probe's failure.
+        readyTimeoutMs: 2500,
         ready: {
           socket,
           probe: () => {

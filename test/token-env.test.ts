@@ -151,7 +151,8 @@ describe(`token: 'env' (${backend.name})`, () => {
     const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
     strangers.push(holder);
     const launcher = await waitFor(
-      () => processesWithMarker('sleep 0.6; exec').find((p) => p.cmd.startsWith('/bin/sh')),
+      // The holder's own child: the other backend's worker may run this very launch at the same time.
+      () => processesWithMarker('sleep 0.6; exec').find((p) => p.cmd.startsWith('/bin/sh') && p.ppid === holder.pid),
       10_000,
       'the launch to start',
     );

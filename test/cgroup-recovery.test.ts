@@ -7,7 +7,7 @@
  * cgroup no manifest names is reported and left alone, or removed if empty.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../src/backend/addon.js';
@@ -16,7 +16,7 @@ import { inspect, Supervisor, type CustodyEvent } from '../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, procsOf } from './helpers/cgroup.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
-import { PERL } from './helpers/supervisor.js';
+import { GATED_PERL_LAUNCH, PERL } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 expectNoCgroupsLeft();
@@ -113,9 +113,9 @@ describe(`recovery with instance cgroups (${backend.name})`, () => {
     t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const s = stateDir();
     const tokenFile = join(s.root, 'token');
-    // The launcher is a shell that execs perl after 0.6 s; the holder is SIGKILLed before that.
+    // The launcher is a shell that execs perl once the gate opens; the holder is SIGKILLed before that.
     const h = s.holder(`{ id: 'vm', command: '/bin/sh', executable: ${JSON.stringify(PERL)}, confirmTimeoutMs: 10000,
-      args: (t) => { writeFileSync(${JSON.stringify(tokenFile)}, t); return ['-c', 'sleep 0.6; exec "$0" -e "sleep 30" -- "$1" "$2"', ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}]; } }`);
+      args: (t) => { writeFileSync(${JSON.stringify(tokenFile)}, t); return ['-c', ${JSON.stringify(GATED_PERL_LAUNCH)}, ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}, ${JSON.stringify(join(s.root, 'go'))}]; } }`);
     const token = await waitFor(
       () => (existsSync(tokenFile) ? readFileSync(tokenFile, 'utf8') : null),
       10_000,
@@ -126,6 +126,7 @@ describe(`recovery with instance cgroups (${backend.name})`, () => {
     s.strangers.push(b);
     await waitFor(() => processesWithMarker(token).some((p) => p.cmd.startsWith('/bin/sh')), 5000, 'the launcher');
     await sigkill(h.child);
+    writeFileSync(join(s.root, 'go'), '');
     const { supervisor, report } = await s.open();
     expect(report.adopted).toEqual([expect.objectContaining({ id: 'vm', reason: 'starting' })]);
     const pid = report.adopted[0]!.pid!;

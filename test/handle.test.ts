@@ -281,7 +281,8 @@ describe(`terminate (${backend.name})`, () => {
       await untilReady(h.stdout!);
       const escalations: number[] = [];
       const started = Date.now();
-      const r = await terminate(h, { graceMs: 200, onEscalate: ({ pid }) => escalations.push(pid) });
+      // Long enough for python to log the SIGTERM it ignores on a loaded machine.
+      const r = await terminate(h, { graceMs: 1000, onEscalate: ({ pid }) => escalations.push(pid) });
       expect(r).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' });
       expect(escalations).toEqual([h.pid]);
       expect(loggedSignals(log)).toEqual(['SIGTERM']);

@@ -25,7 +25,7 @@ import {
   SIGNAL_LOGGER,
   waitFor,
 } from './helpers/procs.js';
-import { FIXTURES, openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
+import { FIXTURES, GATED_PERL_LAUNCH, openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -293,7 +293,7 @@ time.sleep(30)
     const holder = launchHolder(
       stateDir,
       `{ id: 'vm', command: '/bin/sh', executable: ${JSON.stringify(PERL)},
-        args: (t) => { writeFileSync(${JSON.stringify(join(dir, 'token'))}, t); return ['-c', 'sleep 0.6; exec "$0" -e "sleep 30" -- "$1" "$2"', ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}]; },
+        args: (t) => { writeFileSync(${JSON.stringify(join(dir, 'token'))}, t); return ['-c', ${JSON.stringify(GATED_PERL_LAUNCH)}, ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}, ${JSON.stringify(join(dir, 'go'))}]; },
         confirmTimeoutMs: 10000 }`,
     );
     const token = await waitFor(
@@ -312,6 +312,7 @@ time.sleep(30)
     strangers.push(tail);
     await waitFor(() => processesWithMarker(token).some((p) => p.cmd.startsWith('/bin/sh')), 5000, 'the launcher');
     await crash(holder);
+    writeFileSync(join(dir, 'go'), '');
     const { supervisor, report } = await Supervisor.open({ stateDir: stateDir, onEvent: () => {} });
     try {
       expect(report.adopted).toEqual([expect.objectContaining({ id: 'vm', reason: 'starting' })]);

@@ -46,6 +46,14 @@ const abortAfter = (ms: number) => {
   return ac.signal;
 };
 
+/** Aborted once `happened` holds (polled, up to 10 s): a loaded machine may take longer than any fixed delay. */
+const abortOnce = (happened: () => boolean) => {
+  const ac = new AbortController();
+  const give = () => ac.abort(new Error('the caller gave up'));
+  void waitFor(happened, 10_000, 'the moment to abort').then(give, give);
+  return ac.signal;
+};
+
 describe(`a stop on a busy threadpool (${backend.name})`, () => {
   it('signals within its bounds while other work holds every threadpool thread', async () => {
     ctx = await openSupervisor();
@@ -72,7 +80,8 @@ describe(`a stop on a busy threadpool (${backend.name})`, () => {
       }
     };
     try {
-      const stopped = ctx.supervisor.stop('vm', { graceMs: 300 });
+      // A grace the VM, which exits on SIGTERM, cannot overrun on a loaded machine: escalated must be false.
+      const stopped = ctx.supervisor.stop('vm', { graceMs: 5000 });
       // The tree's session scan waits for the pool; the signals must not.
       await waitFor(() => loggedSignals(log).includes('SIGTERM'), 3000, 'SIGTERM to reach the VM');
       await waitFor(() => isGone(inst.pid), 3000, 'the VM to end');
@@ -89,7 +98,9 @@ describe(`an aborted stop forces the stop (${backend.name})`, () => {
   it('aborted mid-grace: SIGKILL, proven gone, state and socket removed, then AbortError', async () => {
     ctx = await openSupervisor();
     const { inst, socket, log } = await stubborn('ab');
-    const err = await ctx.supervisor.stop('ab', { graceMs: 60_000, signal: abortAfter(150) }).catch((e: unknown) => e);
+    // Aborted once the VM has logged SIGTERM, so that the log below can show it.
+    const signal = abortOnce(() => loggedSignals(log).includes('SIGTERM'));
+    const err = await ctx.supervisor.stop('ab', { graceMs: 60_000, signal }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(AbortError);
     expect((err as Error).cause).toMatchObject({ message: 'the caller gave up' });
     // Gone by the time the rejection arrives, not eventually.

@@ -98,8 +98,9 @@ describe(`sweep (${backend.name})`, () => {
     const log = join(dir.path, 'log');
     const c = await logger(log, ['stubborn', MARKER], { ignoreTerm: true });
     const started = Date.now();
-    const r = await sweep({ argv: argvOf(log, ['stubborn', MARKER], true), graceMs: 200, deadlineMs: 2000 });
-    expect(Date.now() - started).toBeLessThan(2500);
+    // A grace python can log the ignored SIGTERM within on a loaded machine; the bound checked is the deadline's.
+    const r = await sweep({ argv: argvOf(log, ['stubborn', MARKER], true), graceMs: 1000, deadlineMs: 4000 });
+    expect(Date.now() - started).toBeLessThan(6000);
     expect(r.killed.map((i) => i.pid)).toEqual([c.pid]);
     expect(r.terminated).toEqual([]);
     await exited(c);

@@ -146,18 +146,19 @@ describe(`token: 'env' (${backend.name})`, () => {
       const { writeFileSync } = await import('node:fs');
       const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(ctx.stateDir)}, onEvent: () => {} });
       writeFileSync(${JSON.stringify(join(dir, 'started'))}, '');
-      await supervisor.launch({ id: 'vm', command: '/bin/sh', args: ['-c', 'sleep 0.6; exec ${SLEEP} 30'],
+      await supervisor.launch({ id: 'vm', command: '/bin/sh', args: ['-c', 'for i in $(seq 1000); do [ -e "$1" ] && break; sleep 0.02; done; exec ${SLEEP} 30', 'launcher', ${JSON.stringify(join(dir, 'go'))}],
         executable: ${JSON.stringify(SLEEP)}, token: 'env', confirmTimeoutMs: 10000 });`;
     const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
     strangers.push(holder);
     const launcher = await waitFor(
-      // The holder's own child: the other backend's worker may run this very launch at the same time.
-      () => processesWithMarker('sleep 0.6; exec').find((p) => p.cmd.startsWith('/bin/sh') && p.ppid === holder.pid),
+      // Found by its gate's path: the other backend's worker may run this very launch at the same time.
+      () => processesWithMarker(join(dir, 'go')).find((p) => p.cmd.startsWith('/bin/sh') && p.ppid === holder.pid),
       10_000,
       'the launch to start',
     );
     holder.kill('SIGKILL');
     await waitFor(() => holder.exitCode !== null || holder.signalCode !== null, 5000, 'the holder to die');
+    writeFileSync(join(dir, 'go'), '');
     const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
     try {
       expect(report.adopted).toEqual([expect.objectContaining({ id: 'vm', pid: launcher.pid, reason: 'starting' })]);

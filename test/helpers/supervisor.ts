@@ -14,6 +14,16 @@ export const LAUNCHER = join(FIXTURES, 'launcher.sh');
  * pre-exec trap confirm exists for, but not what these tests are about).
  */
 export const PERL = execFileSync('sh', ['-c', 'command -v perl'], { encoding: 'utf8' }).trim();
+
+/**
+ * A launcher's shell script (for `sh -c`) that execs `"$0" -e "sleep 30" --
+ * "$1" "$2"` (perl, a token, a marker) once the file "$3" exists, waiting
+ * up to 20 s: a test kills the launch's supervisor first, then opens the
+ * gate, so the launch is cut off before its exec however loaded the
+ * machine is. A fixed sleep here loses that race now and then.
+ */
+export const GATED_PERL_LAUNCH =
+  'for i in $(seq 1000); do [ -e "$3" ] && break; sleep 0.02; done; exec "$0" -e "sleep 30" -- "$1" "$2"';
 export const PYTHON = execFileSync('python3', ['-c', 'import sys; print(sys.executable)'], { encoding: 'utf8' }).trim();
 
 /**

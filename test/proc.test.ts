@@ -1,12 +1,13 @@
 import { spawn } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
 import { imageOf } from '../src/backend/procview.js';
 import { parseImage, parseLayout, parseStat, parseStatusUid, splitCmdline } from '../src/proc.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { killOwn, MARKER } from './helpers/procs.js';
+import { killOwn, MARKER, tmpDir } from './helpers/procs.js';
 import { PERL, PYTHON } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -119,14 +120,17 @@ describe('parseLayout: the image and the kernel-thread flag', () => {
 
 describe(`a fork's layout on the ${backend.name} backend`, () => {
   it("a fork shows its parent's layout until it execs, then its own; a scan asked for it finds both", async () => {
-    // The parent forks a child that waits 0.5 s before it execs perl, as a launch's child does before its exec.
+    // The parent forks a child that waits before it execs perl, as a launch's child does before its exec: until
+    // the test opens the gate (at most 20 s), so the checks of the fork see it as one however loaded the machine.
+    const gate = tmpDir('custody-gate-');
     const parent = spawn(
       PYTHON,
       [
         '-c',
-        'import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(0.5)\n    os.execv(sys.argv[1], [sys.argv[1], "-e", "sleep 30", sys.argv[2]])\nprint(pid, flush=True)\ntime.sleep(30)',
+        'import os, sys, time\npid = os.fork()\nif pid == 0:\n    for _ in range(1000):\n        if os.path.exists(sys.argv[3]): break\n        time.sleep(0.02)\n    os.execv(sys.argv[1], [sys.argv[1], "-e", "sleep 30", sys.argv[2]])\nprint(pid, flush=True)\ntime.sleep(30)',
         PERL,
         MARKER,
+        join(gate.path, 'go'),
       ],
       { stdio: ['ignore', 'pipe', 'ignore'] },
     );
@@ -152,7 +156,8 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
       expect((await backend.listProcesses()).some((r) => r.image !== undefined || r.kernelThread !== undefined)).toBe(
         false,
       );
-      for (let i = 0; i < 300 && backend.execStage(child, image!) !== 'done'; i++)
+      writeFileSync(join(gate.path, 'go'), '');
+      for (let i = 0; i < 1000 && backend.execStage(child, image!) !== 'done'; i++)
         await new Promise((r) => setTimeout(r, 10));
       expect(backend.execStage(child, image!)).toBe('done');
       expect(imageOf(child)).not.toBe(image);
@@ -167,6 +172,7 @@ describe(`a fork's layout on the ${backend.name} backend`, () => {
       await new Promise((r) =>
         parent.exitCode !== null || parent.signalCode !== null ? r(null) : parent.once('exit', r),
       );
+      gate.cleanup();
     }
   });
 });

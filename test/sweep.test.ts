@@ -191,8 +191,8 @@ describe.skipIf(backend.name !== 'native')('the argv-first scan, sharded by pid'
     const argv = [PERL, '-e', 'sleep 30', tag];
     const { addon } = backend as import('../src/backend/native.js').NativeBackend;
     const want = children.map((c) => c.pid).sort((a, b) => (a ?? 0) - (b ?? 0));
-    // Until every sleeper has exec'd (bounded: 100 tries, 20 ms apart).
-    for (let i = 0; i < 100 && (await addon.matchArgv(undefined, argv)).length < 12; i++) {
+    // Until every sleeper has exec'd (bounded: 500 tries, 20 ms apart; twelve perls start slowly on a loaded machine).
+    for (let i = 0; i < 500 && (await addon.matchArgv(undefined, argv)).length < 12; i++) {
       await new Promise((r) => setTimeout(r, 20));
     }
     const whole = (await addon.matchArgv(undefined, argv)).sort((a, b) => a - b);

@@ -272,27 +272,30 @@ export class StateLock {
   }
 
   /** Takes the dir's lock or throws StateLockedError naming the holder. */
-  static acquire(dir: StateDir): StateLock {
+  static async acquire(dir: StateDir): Promise<StateLock> {
     const key = `${dir.dev}:${dir.ino}`;
     if (lockedHere.has(key)) throw new StateLockedError(dir.path, process.pid, 'this process');
-    const lockFd = openLockFile(dir);
+    // Claimed before anything can wait: a second open in this process meanwhile is refused, not let in behind.
+    lockedHere.add(key);
+    let lockFd = -1;
     let genFd = -1;
     try {
+      lockFd = openLockFile(dir);
       const legacy = readRecordFd(lockFd);
       if ('holder' in legacy && holderAlive(legacy.holder)) throw lockedBy(dir, legacy.holder);
       genFd = takeGeneration(dir);
-      if (tryFlock(dir, lockFd) === false) flockInherited(dir, lockFd);
+      if (tryFlock(dir, lockFd) === false) await flockInherited(dir, lockFd);
       ftruncateSync(lockFd, 0);
       writeSync(lockFd, `${JSON.stringify(ownRecord())}\n`, 0);
     } catch (err) {
+      lockedHere.delete(key);
       if (genFd >= 0) {
         empty(genFd);
         closeSync(genFd);
       }
-      closeSync(lockFd);
+      if (lockFd >= 0) closeSync(lockFd);
       throw err;
     }
-    lockedHere.add(key);
     return new StateLock(lockFd, genFd, key);
   }
 
@@ -328,8 +331,9 @@ const INHERITED_FLOCK_WAIT_MS = 3000;
  * is gone: by a process that inherited a holder's fd (its fork before the
  * exec), or by a 0.1 holder between its flock and its record. Waited for,
  * bounded: taken once released; refused the moment a live holder is recorded.
+ * The wait is on timers, so the embedding process goes on meanwhile.
  */
-function flockInherited(dir: StateDir, lockFd: number): void {
+async function flockInherited(dir: StateDir, lockFd: number): Promise<void> {
   const deadline = Date.now() + INHERITED_FLOCK_WAIT_MS;
   let ms = 2;
   for (;;) {
@@ -345,7 +349,7 @@ function flockInherited(dir: StateDir, lockFd: number): void {
         `a process holds the flock on .lock that it inherited from ${was}: a fork that has not exec'd, or a process passed the fd`,
       );
     }
-    pause(ms);
+    await new Promise((resolve) => setTimeout(resolve, ms));
     ms = Math.min(ms * 2, 50);
     if (tryFlock(dir, lockFd) !== false) return;
   }

@@ -318,11 +318,11 @@ export class StateStore {
    * lock, and stamps it if it was new or custody 0.1's. Refuses, writing
    * nothing, a dir that is not custody's.
    */
-  static open(path: string, options: StateStoreOptions): StateStore {
+  static async open(path: string, options: StateStoreOptions): Promise<StateStore> {
     const sd = StateDir.open(path, { create: options.create !== false });
     let lock: StateLock | undefined;
     try {
-      lock = StateLock.acquire(sd);
+      lock = await StateLock.acquire(sd);
       // Judged again under the lock: another opener may have stamped it meanwhile.
       const before = sd.classify();
       if (before !== STATE_FORMAT) sd.stamp();

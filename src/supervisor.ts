@@ -282,7 +282,7 @@ export class Supervisor {
     // A /proc of another pid namespace would make every proof below about other processes.
     if (backend.capabilities().proc) assertOwnProc();
     const emit = emitter(options.onEvent);
-    const store = StateStore.open(options.stateDir, { emit, create: options.create });
+    const store = await StateStore.open(options.stateDir, { emit, create: options.create });
     const sup = new Supervisor(options, store, emit);
     try {
       if (options.cgroup !== undefined) {

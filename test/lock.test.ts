@@ -324,7 +324,21 @@ describe(`the state dir lock (${backend.name})`, () => {
     // Released within the bound: the newcomer waits, then holds it.
     const brief = await holderWithHeir(dir, 0.8);
     expect(procStat(brief)?.[0]).toMatch(/[SR]/);
-    await openClose(dir);
+    // The wait is on timers: the rest of the process runs meanwhile (a blocking wait lets no tick through).
+    let ticks = 0;
+    const ticker = setInterval(() => ticks++, 20);
+    try {
+      const waiting = openClose(dir);
+      // Meanwhile the dir is this process's: a second open here is refused at once, not let in behind the first.
+      await expect(Supervisor.open({ stateDir: dir })).rejects.toMatchObject({
+        code: 'ERR_CUSTODY_STATE_LOCKED',
+        holderPid: process.pid,
+      });
+      await waiting;
+    } finally {
+      clearInterval(ticker);
+    }
+    expect(ticks).toBeGreaterThan(5);
     expect(goneFrom(brief)).toBe(true);
     // Kept past it: refused, and told why; the heir is not touched.
     const stubborn = await holderWithHeir(dir, 300);

@@ -33,7 +33,7 @@ afterEach(async () => {
 async function interrupted(list: Array<Partial<StartingManifest>>): Promise<string> {
   const dir = tmpDir('custody-forks-');
   const path = join(dir.path, 'state');
-  const store = StateStore.open(path, { emit: () => {}, create: true });
+  const store = await StateStore.open(path, { emit: () => {}, create: true });
   const now = new Date().toISOString();
   for (const [k, extra] of list.entries()) {
     const token = randomBytes(16).toString('hex');

@@ -343,7 +343,7 @@ async function runFor(cycle, concurrency, ms) {
 
 /** What one launch/stop cycle writes, through the state store alone. */
 async function timeStore(StateStore, manifest, dir, ops) {
-  const store = StateStore.open(dir, { emit: () => {} });
+  const store = await StateStore.open(dir, { emit: () => {} });
   const writeNew = [];
   const overwrite = [];
   const remove = [];

@@ -509,7 +509,7 @@ async function worker([stateDir, interruptedArg, runningArg]) {
 
   // Untimed: the state the measurement starts from, through the store (which
   // holds the state dir's lock until it is closed, before open() below).
-  const store = StateStore.open(stateDir, { emit: () => {}, create: false });
+  const store = await StateStore.open(stateDir, { emit: () => {}, create: false });
   const { running } = await keepOnlyRunning(store);
   if (running !== expectRunning)
     throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
@@ -636,7 +636,7 @@ async function holder([stateDir, idleBin, marker]) {
 
   const grow = async (n) => {
     const t0 = performance.now();
-    const store = StateStore.open(stateDir, { emit: () => {} });
+    const store = await StateStore.open(stateDir, { emit: () => {} });
     await keepOnlyRunning(store);
     store.close();
     const { supervisor } = await custody.Supervisor.open({ stateDir, onEvent: () => {} });

@@ -83,7 +83,8 @@ function ledByMember(session: number, live: ProcessHandle[]): boolean {
  * reaped, so every process in the session now was forked into it from the
  * instance. Each is pinned and re-read in the session under its pin, and
  * the leader is read a zombie still after the pins, or nothing is returned.
- * The scan waits at most `scanMs`. The caller ends them and closes the pins.
+ * The scan on the threadpool is waited for at most `scanMs`, then read on
+ * this thread instead. The caller ends them and closes the pins.
  */
 export async function sessionLeftovers(session: number, scanMs: number): Promise<ProcessHandle[]> {
   const leaderHeld = () => {
@@ -91,8 +92,10 @@ export async function sessionLeftovers(session: number, scanMs: number): Promise
     return st !== null && st.session === session && (st.state === 'Z' || st.state === 'X');
   };
   if (!leaderHeld()) return [];
-  const scan = await within(backend.sessionMembers(new Set([session])), scanMs);
-  if (scan === TIMED_OUT) return [];
+  let scan = await within(backend.sessionMembers(new Set([session])), scanMs);
+  // The threadpool is busy (a consumer's file work, fsyncs): read on this thread instead, once, rather than
+  // report the exit and leave what the main left running. The zombie is still held, so the session is still its.
+  if (scan === TIMED_OUT) scan = backend.sessionMembersNow(new Set([session]));
   const out: ProcessHandle[] = [];
   try {
     for (const pid of scan) {

@@ -1,10 +1,16 @@
 // FreshScan: the session scan a tree stop needs is shared by every stop in
 // flight, but never one that began before the caller asked (it could miss a
-// process forked just before the ask). Unit tests with a scripted scan; the
-// real scans are exercised by the tree-stop suites.
+// process forked just before the ask). Unit tests with a scripted scan; then
+// the real scans against session leaders of our own.
+import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { FreshScan, sessionPairsOf } from '../src/backend/procview.js';
+import { FreshScan, sessionPairsNow, sessionPairsOf } from '../src/backend/procview.js';
 import { backend } from '../src/backend/index.js';
+import { expectNoLeaks } from './helpers/leaks.js';
+import { killAndWait, MARKER } from './helpers/procs.js';
+import { PERL } from './helpers/supervisor.js';
+
+expectNoLeaks({ marker: MARKER });
 
 /** A scan whose runs the test finishes by hand, numbered from 1. */
 function scripted() {
@@ -68,5 +74,28 @@ describe(`session scans (${backend.name})`, () => {
     for (let i = 0; i < pairs.length; i += 2) if (pairs[i + 1] === ours) inPairs.push(pairs[i] as number);
     expect(inPairs).toContain(process.pid);
     expect(await backend.sessionMembers(new Set([ours]))).toContain(process.pid);
+  });
+
+  it('every process once, with its own session: twelve session leaders, read on the pool and on this thread', async () => {
+    const leaders = Array.from({ length: 12 }, () =>
+      spawn(PERL, ['-e', 'sleep 30', MARKER], { stdio: 'ignore', detached: true }),
+    );
+    try {
+      const sessions = new Set(leaders.map((c) => c.pid!));
+      for (const pairs of [await sessionPairsOf(), sessionPairsNow()]) {
+        const pids = Array.from({ length: pairs.length / 2 }, (_, i) => pairs[2 * i] as number);
+        // No slot lost to another's read, none written twice.
+        expect(new Set(pids).size).toBe(pids.length);
+        const led = new Map<number, number>();
+        for (let i = 0; i < pairs.length; i += 2)
+          if (sessions.has(pairs[i] as number)) led.set(pairs[i] as number, pairs[i + 1] as number);
+        expect(led).toEqual(new Map([...sessions].map((p) => [p, p])));
+      }
+      const want = [...sessions].sort((a, b) => a - b);
+      expect((await backend.sessionMembers(sessions)).sort((a, b) => a - b)).toEqual(want);
+      expect(backend.sessionMembersNow(sessions).sort((a, b) => a - b)).toEqual(want);
+    } finally {
+      await Promise.all(leaders.map(killAndWait));
+    }
   });
 });

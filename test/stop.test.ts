@@ -1,8 +1,6 @@
 // Stop semantics: an abort forces, never half-stops; a non-child's stop
 // returns once it is gone, not once its status is known.
-import { execFileSync } from 'node:child_process';
-import { closeSync, existsSync, constants as fsc, openSync, readFileSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
@@ -19,6 +17,7 @@ import {
   waitFor,
 } from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
+import { holdThreadpool } from './helpers/threadpool.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -65,31 +64,18 @@ describe(`a stop on a busy threadpool (${backend.name})`, () => {
       args: (t) => vmArgs(socket, t, ['--signal-log', log]),
       ready: { socket },
     });
-    // A read of a FIFO with no writer holds a threadpool thread until one opens it: as many as there are threads.
-    const threads = Number(process.env.UV_THREADPOOL_SIZE) || 4;
-    const fifos = Array.from({ length: threads }, (_, i) => join(ctx.root, `fifo-${i}`));
-    for (const f of fifos) execFileSync('mkfifo', [f]);
-    const held = fifos.map((f) => readFile(f).catch(() => null));
-    const release = () => {
-      for (const f of fifos) {
-        try {
-          closeSync(openSync(f, fsc.O_WRONLY | fsc.O_NONBLOCK));
-        } catch {
-          // its reader is gone already
-        }
-      }
-    };
+    const pool = holdThreadpool(ctx.root);
     try {
       // A grace the VM, which exits on SIGTERM, cannot overrun on a loaded machine: escalated must be false.
       const stopped = ctx.supervisor.stop('vm', { graceMs: 5000 });
       // The tree's session scan waits for the pool; the signals must not.
       await waitFor(() => loggedSignals(log).includes('SIGTERM'), 3000, 'SIGTERM to reach the VM');
       await waitFor(() => isGone(inst.pid), 3000, 'the VM to end');
-      release();
+      pool.release();
       expect(await stopped).toMatchObject({ outcome: 'exited', escalated: false });
     } finally {
-      release();
-      await Promise.all(held);
+      pool.release();
+      await pool.drained;
     }
   });
 });

@@ -8,6 +8,7 @@ import { Supervisor, verify, type CustodyEvent } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { goneFrom, goneSince, isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from './helpers/procs.js';
 import { LAUNCHER, openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
+import { holdThreadpool } from './helpers/threadpool.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -342,6 +343,41 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
       } finally {
         await killAndWait(stranger);
       }
+    },
+  );
+
+  it.skipIf(backend.name !== 'native')(
+    'the same with every threadpool thread busy: the session is read on the main thread, the leftover still ended',
+    async () => {
+      ctx = await openSupervisor();
+      const gate = join(ctx.root, 'go');
+      // The main forks its leftover, then exits once the gate opens (at most 20 s), while the pool is held.
+      const prog = `if (!fork) { exec($^X, '-e', 'sleep 60', '--', 'left', $ARGV[1]) } for (1..1000) { last if -e $ARGV[2]; select(undef, undef, undef, 0.02) }`;
+      const inst = await ctx.supervisor.launch({
+        id: 'busy',
+        command: PERL,
+        args: (t) => ['-e', prog, t, MARKER, gate],
+      });
+      const left = await waitFor(
+        () => processesWithMarker(MARKER).find((p) => p.cmd.includes(' left ')),
+        5000,
+        'the leftover',
+      );
+      const pool = holdThreadpool(ctx.root);
+      try {
+        writeFileSync(gate, '');
+        // Ended while the pool is still held: nothing on the way to it waited for the pool.
+        await waitFor(() => isGone(left.pid), 10_000, 'the leftover to be ended');
+        expect(ctx.events.find((e) => e.type === 'warning' && Array.isArray(e.pids))).toMatchObject({
+          id: 'busy',
+          pids: [left.pid],
+        });
+      } finally {
+        pool.release();
+        await pool.drained;
+      }
+      await inst.exited;
+      await waitFor(() => !existsSync(join(ctx!.stateDir, 'busy')), 5000, 'the state to go');
     },
   );
 

@@ -222,7 +222,7 @@ function gone(err: unknown): boolean {
  */
 export async function sessionPairsOf(procRoot = '/proc'): Promise<Int32Array> {
   assertOwnProc(procRoot);
-  const names = (await readdir(procRoot)).filter((n) => n.charCodeAt(0) >= 49 && n.charCodeAt(0) <= 57);
+  const names = (await readdir(procRoot)).filter(isPidName);
   const out = new Int32Array(names.length * 2);
   let filled = 0;
   let next = 0;
@@ -230,11 +230,9 @@ export async function sessionPairsOf(procRoot = '/proc'): Promise<Int32Array> {
     while (next < names.length) {
       const name = names[next++];
       try {
-        const st = parseStat(await readFile(`${procRoot}/${name}/stat`, 'latin1'));
-        if (st) {
-          out[filled++] = st.pid;
-          out[filled++] = st.session;
-        }
+        // Read first: `filled` must be taken after the await, when no other lane can move it.
+        const stat = await readFile(`${procRoot}/${name}/stat`, 'latin1');
+        filled = putSessionPair(out, filled, stat);
       } catch (err) {
         if (!gone(err)) throw err;
       }
@@ -243,6 +241,45 @@ export async function sessionPairsOf(procRoot = '/proc'): Promise<Int32Array> {
   // A few reads in flight: the threadpool has four threads by default.
   await Promise.all(Array.from({ length: 8 }, lane));
   return out.subarray(0, filled);
+}
+
+/**
+ * sessionPairsOf, read now on this thread: for when the threadpool is too
+ * busy (a consumer's file work, our own fsyncs) to serve a bounded scan in
+ * time, and waiting longer would let something go unfound.
+ */
+export function sessionPairsNow(procRoot = '/proc'): Int32Array {
+  assertOwnProc(procRoot);
+  const names = readdirSync(procRoot).filter(isPidName);
+  const out = new Int32Array(names.length * 2);
+  let filled = 0;
+  for (const name of names) {
+    try {
+      filled = putSessionPair(out, filled, readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
+    } catch (err) {
+      if (!gone(err)) throw err;
+    }
+  }
+  return out.subarray(0, filled);
+}
+
+/** The pids of [pid, session, ...] pairs whose session is one of `sessions`. */
+function membersIn(pairs: Int32Array, sessions: ReadonlySet<number>): number[] {
+  const out: number[] = [];
+  for (let i = 0; i + 1 < pairs.length; i += 2) if (sessions.has(pairs[i + 1] as number)) out.push(pairs[i] as number);
+  return out;
+}
+
+/** A /proc entry's name is a pid's: it starts with a digit 1-9. */
+const isPidName = (name: string) => name.charCodeAt(0) >= 49 && name.charCodeAt(0) <= 57;
+
+/** Puts stat's [pid, session] at out[filled]; returns the new fill (unchanged for a stat that does not parse). */
+function putSessionPair(out: Int32Array, filled: number, stat: string): number {
+  const st = parseStat(stat);
+  if (!st) return filled;
+  out[filled] = st.pid;
+  out[filled + 1] = st.session;
+  return filled + 2;
 }
 
 /**
@@ -384,11 +421,11 @@ export abstract class ProcReads {
   }
 
   async sessionMembers(sessions: ReadonlySet<number>): Promise<number[]> {
-    const pairs = await this.#sessions.fresh();
-    const out: number[] = [];
-    for (let i = 0; i + 1 < pairs.length; i += 2)
-      if (sessions.has(pairs[i + 1] as number)) out.push(pairs[i] as number);
-    return out;
+    return membersIn(await this.#sessions.fresh(), sessions);
+  }
+
+  sessionMembersNow(sessions: ReadonlySet<number>): number[] {
+    return membersIn(sessionPairsNow(), sessions);
   }
 
   cgroupOf(pid: number): string | null {

@@ -175,6 +175,8 @@ export interface Backend {
   children(pid: number): number[];
   /** The pids in any of these sessions (by stat's session field), from one scan. A listing, not proof: each is pinned and re-checked. */
   sessionMembers(sessions: ReadonlySet<number>): Promise<number[]>;
+  /** sessionMembers read now, on this thread (slower, blocks): for when the threadpool cannot serve it in time. */
+  sessionMembersNow(sessions: ReadonlySet<number>): number[];
   /** A process's cgroup v2 path (/proc/<pid>/cgroup's `0::` line); null when it is gone or there is no v2 hierarchy. A read, not proof. */
   cgroupOf(pid: number): string | null;
   /** /proc/self/mountinfo, for finding cgroup v2 mounts. */

@@ -207,23 +207,8 @@ function envIndex(rows: ProcEntry[], launches: Manifest[]): EnvIndex {
   return out;
 }
 
-/** How long recovery gives an interrupted launch to exec into its expected argv, at least (see launchDeadline). */
+/** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */
 export const STARTING_CONFIRM_MS = 3000;
-/** The most past now that a launch's own recorded confirm bound can make recovery wait for it. */
-const MAX_STARTING_WAIT_MS = 60_000;
-
-/**
- * When recovery stops waiting for an interrupted launch to exec: its own
- * bound (createdAt + confirmTimeoutMs, as recorded), so that a launcher given
- * 10 s is not ended after recovery's 3 s, but never before `floor` (the
- * shared STARTING_CONFIRM_MS from the first such launch), and never more than
- * a minute from now, whatever the manifest says.
- */
-function launchDeadline(m: StartingManifest, floor: number): number {
-  const created = Date.parse(m.createdAt);
-  if (m.confirmTimeoutMs === undefined || !Number.isFinite(created)) return floor;
-  return Math.max(floor, Math.min(created + m.confirmTimeoutMs, Date.now() + MAX_STARTING_WAIT_MS));
-}
 /** How long what is left of an instance proven over gets after SIGTERM before SIGKILL (abandon's default). */
 const LEFTOVER_GRACE_MS = 2000;
 
@@ -824,8 +809,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       unreadable: 0,
     };
     startingDeadline ??= Date.now() + STARTING_CONFIRM_MS;
-    const deadline = launchDeadline(m, startingDeadline);
-    const waits = backoff({ firstMs: 5, maxMs: 100, deadline });
+    const waits = backoff({ firstMs: 5, maxMs: 100, deadline: startingDeadline });
     await waits.next();
     // With a cgroup the candidates are its members: a token carrier outside it is a bystander, never one.
     let candidates: number[] | null = null;
@@ -858,7 +842,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
             }
             if (rescan) scan = undefined;
             f.preExec = forks.size;
-            f.timedOut = Date.now() >= deadline;
+            f.timedOut = Date.now() >= startingDeadline;
             break;
           }
           case 'look': {
@@ -885,7 +869,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
             }
             // A fork that exec'd while recovery waited, and is this launch's (a carrier, or a candidate now).
             f.forkExecd = [...execd].some((pid) => looked.includes(pid) || candidates?.includes(pid));
-            f.timedOut = Date.now() >= deadline;
+            f.timedOut = Date.now() >= startingDeadline;
             break;
           }
           case 'wait':

@@ -75,12 +75,6 @@ interface ManifestFields {
    * before it was recorded.
    */
   forkImage?: string | null;
-  /**
-   * The launch's confirm bound (confirmTimeoutMs), from createdAt: recovery
-   * gives a launch it finds before its exec as long as the launch itself had
-   * (recover.ts, launchDeadline). Absent before it was recorded.
-   */
-  confirmTimeoutMs?: number;
 }
 
 /** Written before anything is spawned: no process is confirmed yet, so none is recorded. */
@@ -210,11 +204,6 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     !(typeof v.forkImage === 'string' && /^[1-9]\d{0,19}(:[1-9]\d{0,19}){2}$/.test(v.forkImage))
   )
     throw bad('forkImage is malformed');
-  if (
-    v.confirmTimeoutMs !== undefined &&
-    !(typeof v.confirmTimeoutMs === 'number' && Number.isFinite(v.confirmTimeoutMs) && v.confirmTimeoutMs >= 0)
-  )
-    throw bad('confirmTimeoutMs is malformed');
   if (v.session !== undefined && v.session !== null && !(isInt(v.session, 1) && (v.session as number) <= pidMax()))
     throw bad('session is malformed');
   if (v.cgroup !== undefined && v.cgroup !== null) {

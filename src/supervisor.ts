@@ -607,7 +607,6 @@ export class Supervisor {
       supervisorPid: process.pid,
       // What the child shows until its exec: a crash in between leaves recovery a fork to wait for.
       forkImage: ownForkImage(),
-      confirmTimeoutMs: spec.confirmTimeoutMs ?? DEFAULT_CONFIRM_MS,
       quarantine: null,
     };
     const a: Attempt = {
@@ -672,7 +671,7 @@ export class Supervisor {
       token,
       message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}`,
     });
-    const confirmTimeoutMs = spec.confirmTimeoutMs ?? DEFAULT_CONFIRM_MS;
+    const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
     const signal = spec.signal;
     try {
       // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
@@ -1302,9 +1301,6 @@ function acquireSubreaper(): boolean {
 function releaseSubreaper(): void {
   if (--subreaperHolders === 0 && !subreaperWasOn) backend.setChildSubreaper(false);
 }
-
-/** How long a launch's pid gets to exec into its target, unless the spec says (confirmTimeoutMs). */
-const DEFAULT_CONFIRM_MS = 3000;
 
 /** Enough for a process-table scan and a pin (a dir, a stat, a cmdline, a pidfd). */
 const RESERVE_FDS = 4;

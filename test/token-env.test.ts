@@ -3,7 +3,17 @@
 // /proc/<pid>/environ: they launch, confirm, recover and are abandoned like
 // any other; an environment that may not be read is unprovable.
 import { spawn as cpSpawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { chownSync, existsSync, mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
+import {
+  chownSync,
+  closeSync,
+  existsSync,
+  constants as fsc,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  realpathSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../src/backend/addon.js';
@@ -141,27 +151,41 @@ describe(`token: 'env' (${backend.name})`, () => {
     strangers.push(cpSpawn(SLEEP, ['30'], { stdio: 'ignore' }));
     strangers.push(cpSpawn(SLEEP, ['30'], { stdio: 'ignore', env: { ...process.env, CUSTODY_TOKEN: 'e'.repeat(32) } }));
     // A supervisor in another process, SIGKILLed while its child is still the shell that will exec into sleep.
+    // The launcher execs once the test opens this FIFO for writing (after the kill): it forks nothing
+    // meanwhile, and it execs at once then, however loaded the machine.
+    const gate = join(dir, 'go');
+    execFileSync('mkfifo', [gate]);
+    const openGate = () => {
+      try {
+        closeSync(openSync(gate, fsc.O_WRONLY | fsc.O_NONBLOCK));
+        return true;
+      } catch {
+        return false; // ENXIO: no reader (yet, or any more)
+      }
+    };
     const script = `
       const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
       const { writeFileSync } = await import('node:fs');
       const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(ctx.stateDir)}, onEvent: () => {} });
       writeFileSync(${JSON.stringify(join(dir, 'started'))}, '');
-      await supervisor.launch({ id: 'vm', command: '/bin/sh', args: ['-c', 'for i in $(seq 1000); do [ -e "$1" ] && break; sleep 0.02; done; exec ${SLEEP} 30', 'launcher', ${JSON.stringify(join(dir, 'go'))}],
+      await supervisor.launch({ id: 'vm', command: '/bin/sh', args: ['-c', 'read _ < "$1"; exec ${SLEEP} 30', 'launcher', ${JSON.stringify(gate)}],
         executable: ${JSON.stringify(SLEEP)}, token: 'env', confirmTimeoutMs: 10000 });`;
     const holder = cpSpawn(process.execPath, ['--input-type=module', '-e', script], { stdio: 'ignore' });
     strangers.push(holder);
     const launcher = await waitFor(
       // Found by its gate's path: the other backend's worker may run this very launch at the same time.
-      () => processesWithMarker(join(dir, 'go')).find((p) => p.cmd.startsWith('/bin/sh') && p.ppid === holder.pid),
+      () => processesWithMarker(gate).find((p) => p.cmd.startsWith('/bin/sh') && p.ppid === holder.pid),
       10_000,
       'the launch to start',
     );
     holder.kill('SIGKILL');
     await waitFor(() => holder.exitCode !== null || holder.signalCode !== null, 5000, 'the holder to die');
-    writeFileSync(join(dir, 'go'), '');
+    expect(openGate()).toBe(true);
     const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
     try {
-      expect(report.adopted).toEqual([expect.objectContaining({ id: 'vm', pid: launcher.pid, reason: 'starting' })]);
+      expect(report.adopted, JSON.stringify(report)).toEqual([
+        expect.objectContaining({ id: 'vm', pid: launcher.pid, reason: 'starting' }),
+      ]);
       expect(inspect(launcher.pid).argv).toEqual([SLEEP, '30']);
       await supervisor.stop('vm', { graceMs: 2000 });
       expect(isGone(launcher.pid)).toBe(true);

@@ -30,6 +30,7 @@ import { StateIOError, StateLockedError, UnsafePathError } from './errors.js';
 import { openRegular, type Opened } from './files.js';
 import { processWide } from './processwide.js';
 import { errnoCode, LOCK, type StateDir } from './statedir.js';
+import { sleep } from './timing.js';
 
 interface Holder {
   pid: number;
@@ -349,7 +350,7 @@ async function flockInherited(dir: StateDir, lockFd: number): Promise<void> {
         `a process holds the flock on .lock that it inherited from ${was}: a fork that has not exec'd, or a process passed the fd`,
       );
     }
-    await new Promise((resolve) => setTimeout(resolve, ms));
+    await sleep(ms);
     ms = Math.min(ms * 2, 50);
     if (tryFlock(dir, lockFd) !== false) return;
   }

@@ -76,11 +76,15 @@ export function goneSince(pid: number, start: number | string | null): boolean {
  * For pids whose start time was never read, such as those of events.
  */
 export function goneFrom(pid: number, mark = MARKER): boolean {
-  if (isGone(pid)) return true;
+  return isGone(pid) || !carries(pid, mark);
+}
+
+/** Whether the process at pid has `mark` in its argv (false when there is none). */
+function carries(pid: number, mark: string): boolean {
   try {
-    return !readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes(mark);
+    return readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes(mark);
   } catch {
-    return true;
+    return false;
   }
 }
 
@@ -97,15 +101,7 @@ export function startOf(pid: number): string | null {
  */
 export function killOwn(pid: number, options: { start?: number | string | null; mark?: string } = {}): boolean {
   const { start, mark = MARKER } = options;
-  let ours: boolean;
-  if (start !== undefined) ours = start !== null && startOf(pid) === String(start);
-  else {
-    try {
-      ours = readFileSync(`/proc/${pid}/cmdline`, 'latin1').includes(mark);
-    } catch {
-      ours = false;
-    }
-  }
+  const ours = start !== undefined ? start !== null && startOf(pid) === String(start) : carries(pid, mark);
   if (!ours) return false;
   try {
     process.kill(pid, 'SIGKILL');
@@ -130,7 +126,7 @@ export function unusedPid(): number {
   const free = (p: number) => !existsSync(`/proc/${p}`);
   if (cursor > 300) for (let p = 299; p > 1; p--) if (free(p)) return p;
   for (let back = 1; back < max; back++) {
-    const p = ((((cursor - back) % max) + max) % max) as number;
+    const p = (((cursor - back) % max) + max) % max;
     if (p > 1 && free(p)) return p;
   }
   throw new Error('no free pid');

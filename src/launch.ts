@@ -590,7 +590,10 @@ async function pollSocket(
   for await (const _ of backoff({ maxMs: 50, signal })) {
     if (!stillRunning(target, identity)) return never;
     if (await connects(ready.socket)) {
-      if (!stillRunning(target, identity)) return never;
+      // The wait may have ended while the connect was in flight: a probe
+      // called now would run after the timeout was reported, against a
+      // process being abandoned, and its failure would be lost.
+      if (signal.aborted || !stillRunning(target, identity)) return never;
       if (!ready.probe) return 'ready';
       try {
         await callHook(ready.probe, ready.socket, signal);

@@ -1,13 +1,13 @@
 // Readiness as real daemons signal it: Type=forking launchers, sockets that
 // must be served by a live process, probes that make readiness exact.
 import { existsSync, readFileSync } from 'node:fs';
-import { connect } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import type { CustodyEvent } from '../src/index.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
-import { goneSince, isGone, MARKER } from './helpers/procs.js';
+import { goneSince, isGone, MARKER, waitFor } from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -291,6 +291,53 @@ describe(`ready: { socket, probe } (${backend.name})`, () => {
       );
     expect(err).toMatchObject({ code: 'ERR_CUSTODY_READY_TIMEOUT', message: expect.stringMatching(/prelaunch/) });
     expect((err.cause as Error).message).toBe(`query-status said prelaunch (${n})`);
+    expect(processesWithMarker(MARKER)).toEqual([]);
+  });
+
+  it('a probe is never called after the wait ended, even with a connect in flight when it ended', async () => {
+    ctx = await openSupervisor();
+    // The test serves the socket itself, in this process: its accept runs in
+    // the same event-loop turn as the supervisor's connect completing, but
+    // first, so aborting there ends the wait while that connect is in flight.
+    const calls: boolean[] = [];
+    for (let i = 0; i < 3; i++) {
+      const id = `inflight${i}`;
+      const socket = join(ctx.root, `${id}.sock`);
+      const abort = new AbortController();
+      let accepted = 0;
+      const server = createServer((c) => {
+        c.destroy();
+        if (++accepted === 2) abort.abort();
+      });
+      const launched = ctx.supervisor
+        .launch({
+          id,
+          command: PERL,
+          args: (t) => ['-e', 'sleep 300', t, MARKER],
+          signal: abort.signal,
+          ready: {
+            socket,
+            probe: (_s, signal) => {
+              calls.push(signal.aborted);
+              throw new Error('not serving yet');
+            },
+          },
+        })
+        .then(
+          () => new Error('launched'),
+          (e: Error) => e,
+        );
+      try {
+        // The launch clears its paths before the spawn: serve once it is confirmed.
+        await waitFor(() => ctx.events.some((e) => e.id === id && e.type === 'confirm'), 5000, 'confirm');
+        await new Promise<void>((r) => server.listen(socket, r));
+        expect(await launched).toMatchObject({ name: 'AbortError' });
+      } finally {
+        server.close();
+      }
+    }
+    // One probe per accepted connect before the abort; none with the wait over.
+    expect(calls).toEqual([false, false, false]);
     expect(processesWithMarker(MARKER)).toEqual([]);
   });
 

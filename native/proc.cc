@@ -325,13 +325,9 @@ int ReadIdentity(int pidfd, int piddir, int pid, IdentityRead* out) {
   return EAGAIN;
 }
 
-// inspect(pid, procRoot, keepPidfd) ->
-//   [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, pidNs, ...argv]
-// A flat array: building it costs a fraction of an object with named keys,
-// and inspect is the hot path of every confirm, verify and sweep. exeDev and
-// exeIno are -1 when there is no readable exe; pidfsId is null off pidfs;
-// pidfd is -1 unless keepPidfd; pidNs is the inode of the pid namespace
-// the process lives in, 0 for the /proc's own (inode unread), -1 unknown.
+// One inspection of pid under its own pidfd, everything but the JavaScript
+// value: shared by inspect() on the JavaScript thread and inspectPinned's
+// batch on the threadpool (InspectWorker).
 //
 // The race-free sequence: pidfd_open first pins the process we mean (and
 // fails with EINVAL for a thread that is not a thread-group leader: a TID is
@@ -341,47 +337,70 @@ int ReadIdentity(int pidfd, int piddir, int pid, IdentityRead* out) {
 // pid may belong to someone else by now: ESRCH, and the reads are discarded.
 // A zombie is not reaped, still owns its pid, and is reported as what it is
 // (state Z) unless other threads of it still run.
-Napi::Value Inspect(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  int pid = ArgPid(info, 0);
-  std::string root = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "/proc";
-  // keepPidfd: hand the pinning pidfd to the caller (open() signals through
-  // the very pidfd the identity was verified with).
-  bool keep_pidfd = info.Length() > 2 && info[2].ToBoolean().Value();
+struct Inspection {
+  IdentityRead read;
+  bool on_pidfs = false;
+  unsigned long long pidfs_ino = 0;
+  // The pinning pidfd, open after a successful inspection: whoever holds the
+  // Inspection closes it or hands it to JavaScript (and sets it to -1).
+  int pidfd = -1;
+  const char* call = nullptr;  // the call that failed
+};
 
+// Returns 0, or an errno (out->call names the call; out->pidfd stays -1).
+int InspectOne(int pid, const std::string& root, Inspection* out) {
   int pidfd = static_cast<int>(syscall(__NR_pidfd_open, pid, 0));
-  if (pidfd == -1) ThrowErrno(env, errno, "pidfd_open");
+  if (pidfd == -1) {
+    out->call = "pidfd_open";
+    return errno;
+  }
   Fd pidfd_guard(pidfd);
-
   // Any failed read of a process that has gone becomes ESRCH: the caller
   // learns "no such process", not which file vanished first.
   auto fail = [&](int err, const char* call) {
     if (syscall(__NR_pidfd_send_signal, pidfd, 0, nullptr, 0) == -1 && errno == ESRCH) err = ESRCH;
-    ThrowErrno(env, err, call);
+    out->call = call;
+    return err;
   };
 
   std::string dir = root + "/" + std::to_string(pid);
   int piddir = static_cast<int>(CUSTODY_RETRY_EINTR(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
-  if (piddir == -1) fail(errno, "open");
+  if (piddir == -1) return fail(errno, "open");
   Fd piddir_guard(piddir);
 
-  IdentityRead r;
-  int err = ReadIdentity(pidfd, piddir, pid, &r);
-  if (err != 0) fail(err, "read");
+  int err = ReadIdentity(pidfd, piddir, pid, &out->read);
+  if (err != 0) return fail(err, "read");
 
-  Napi::Value pidfs_id = env.Null();
   struct statfs sfs;
   struct stat pidfd_st;
   if (fstatfs(pidfd, &sfs) == 0 && static_cast<unsigned long>(sfs.f_type) == PIDFS_MAGIC &&
       fstat(pidfd, &pidfd_st) == 0) {
-    pidfs_id = Napi::String::New(env, std::to_string(static_cast<unsigned long long>(pidfd_st.st_ino)));
+    out->on_pidfs = true;
+    out->pidfs_ino = static_cast<unsigned long long>(pidfd_st.st_ino);
   }
 
   // The re-check. EPERM (not ours to signal) still proves it exists.
   if (syscall(__NR_pidfd_send_signal, pidfd, 0, nullptr, 0) == -1 && errno == ESRCH) {
-    ThrowErrno(env, ESRCH, "pidfd_send_signal");
+    out->call = "pidfd_send_signal";
+    return ESRCH;
   }
+  out->pidfd = pidfd;
+  pidfd_guard.fd = -1;
+  return 0;
+}
 
+// The slot of the pidfd in inspect's array (see below).
+constexpr uint32_t kPidfdSlot = 7;
+
+// [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, pidNs, ...argv]
+// A flat array: building it costs a fraction of an object with named keys,
+// and inspect is the hot path of every confirm, verify and sweep. exeDev and
+// exeIno are -1 when there is no readable exe; pidfsId is null off pidfs;
+// the pidfd slot is -1 (HandOver fills it); pidNs is the inode of the pid
+// namespace the process lives in, 0 for the /proc's own (inode unread), -1
+// unknown.
+Napi::Array InspectionValue(const Napi::Env& env, const Inspection& in) {
+  const IdentityRead& r = in.read;
   Napi::Array out = Napi::Array::New(env);
   uint32_t i = 0;
   out.Set(i++, Napi::String::New(env, &r.state, 1));
@@ -390,9 +409,9 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
   out.Set(i++, Napi::Number::New(env, static_cast<double>(r.uid)));
   out.Set(i++, Napi::Number::New(env, r.has_exe ? static_cast<double>(r.exe.st_dev) : -1));
   out.Set(i++, Napi::Number::New(env, r.has_exe ? static_cast<double>(r.exe.st_ino) : -1));
-  out.Set(i++, pidfs_id);
-  const uint32_t pidfd_slot = i++;
-  out.Set(pidfd_slot, Napi::Number::New(env, -1));
+  out.Set(i++, in.on_pidfs ? static_cast<Napi::Value>(Napi::String::New(env, std::to_string(in.pidfs_ino)))
+                           : env.Null());
+  out.Set(i++, Napi::Number::New(env, -1));  // kPidfdSlot
   out.Set(i++, Napi::Number::New(env, static_cast<double>(r.st.session)));
   out.Set(i++, Napi::Number::New(env, static_cast<double>(r.pid_ns)));
   size_t start = 0;
@@ -404,11 +423,35 @@ Napi::Value Inspect(const Napi::CallbackInfo& info) {
     out.Set(i++, static_cast<napi_value>(DecodeBytes(env, r.cmdline.data() + start, nul - start)));
     start = nul + 1;
   }
+  return out;
+}
+
+// Gives the inspection's pidfd to JavaScript in its array's slot, as one of
+// the addon's (the env cleanup hook closes those JavaScript forgot). Last
+// of all, so that no throw can come between handing the fd over and
+// JavaScript receiving it.
+void HandOver(const Napi::Env& env, Napi::Array value, Inspection* in) {
+  value.Set(kPidfdSlot, Napi::Number::New(env, in->pidfd));
+  GetData(env)->pidfds.insert(in->pidfd);
+  in->pidfd = -1;
+}
+
+// inspect(pid, procRoot, keepPidfd) -> the array above.
+// keepPidfd: hand the pinning pidfd to the caller (open() signals through
+// the very pidfd the identity was verified with); else it is closed.
+Napi::Value Inspect(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int pid = ArgPid(info, 0);
+  std::string root = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "/proc";
+  bool keep_pidfd = info.Length() > 2 && info[2].ToBoolean().Value();
+
+  Inspection in;
+  int err = InspectOne(pid, root, &in);
+  if (err != 0) ThrowErrno(env, err, in.call);
+  Fd pidfd_guard(in.pidfd);
+  Napi::Array out = InspectionValue(env, in);
   if (keep_pidfd) {
-    // Last, so that no throw can come between handing the fd over and
-    // JavaScript receiving it.
-    out.Set(pidfd_slot, Napi::Number::New(env, pidfd));
-    GetData(env)->pidfds.insert(pidfd);
+    HandOver(env, out, &in);
     pidfd_guard.fd = -1;
   }
   return out;
@@ -582,6 +625,74 @@ class ProcWorker : public Napi::AsyncWorker {
   int err_ = 0;
   const char* call_ = "readdir";
 };
+
+// At most this many pids in one inspectPinnedMany call: the caller batches,
+// and a batch holds a pidfd per live process until it is handed over.
+constexpr uint32_t kMaxInspectBatch = 65536;
+
+// inspectPinnedMany(pids) -> Promise of an array, one entry per pid in
+// order: inspect's array with its pidfd handed over, or the Error inspect
+// would have thrown (ESRCH for a process that is gone). On the threadpool:
+// recovery pins thousands of recorded processes, tens of microseconds of
+// kernel time each, while the JavaScript thread reads and decides. An
+// allocation failure rejects the whole batch with ENOMEM, its pidfds closed.
+class InspectWorker : public ProcWorker {
+ public:
+  InspectWorker(Napi::Env env, std::vector<int> pids)
+      : ProcWorker(env, "custody:inspect"), pids_(std::move(pids)) {}
+
+  ~InspectWorker() override {
+    // Whatever was not handed over (a rejected batch, a throw while building).
+    for (const Inspection& in : results_) {
+      if (in.pidfd >= 0) close(in.pidfd);
+    }
+  }
+
+ protected:
+  int Run(const char** call) override {
+    *call = "inspect";
+    results_.resize(pids_.size());
+    errors_.resize(pids_.size());
+    for (size_t k = 0; k < pids_.size(); k++) errors_[k] = InspectOne(pids_[k], "/proc", &results_[k]);
+    return 0;
+  }
+
+  Napi::Value Result(Napi::Env env) override {
+    Napi::Array out = Napi::Array::New(env, results_.size());
+    for (uint32_t k = 0; k < results_.size(); k++) {
+      Inspection& in = results_[k];
+      if (errors_[k] != 0) {
+        out.Set(k, ErrnoError(env, errors_[k], in.call).Value());
+        continue;
+      }
+      Napi::Array value = InspectionValue(env, in);
+      HandOver(env, value, &in);
+      out.Set(k, value);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<int> pids_;
+  std::vector<Inspection> results_;
+  std::vector<int> errors_;
+};
+
+Napi::Value InspectPinnedMany(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsArray()) throw Napi::TypeError::New(env, "pids must be an array");
+  Napi::Array arr = info[0].As<Napi::Array>();
+  if (arr.Length() > kMaxInspectBatch) throw Napi::RangeError::New(env, "pids: at most 65536 in one batch");
+  std::vector<int> pids;
+  pids.reserve(arr.Length());
+  for (uint32_t k = 0; k < arr.Length(); k++) {
+    pids.push_back(static_cast<int>(IntegerValue(env, arr.Get(k), "pid", 1, 4194304)));
+  }
+  auto* worker = new InspectWorker(env, std::move(pids));  // deleted by N-API once done
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
 
 // listProcesses(procRoot[, images]) -> Promise of a flat array, per process
 //   [pid, ppid, pgrp, session, ownerUid, startTicks, state, (image, flags,) argc, ...argv]
@@ -890,6 +1001,7 @@ std::string EncodeBytes(const Napi::Value& v, const char* name) {
 void InitProc(Napi::Env env, Napi::Object exports) {
   exports.Set("parseStat", Napi::Function::New(env, ParseStatJs, "parseStat"));
   exports.Set("inspect", Napi::Function::New(env, Inspect, "inspect"));
+  exports.Set("inspectPinnedMany", Napi::Function::New(env, InspectPinnedMany, "inspectPinnedMany"));
   exports.Set("readBootId", Napi::Function::New(env, ReadBootId, "readBootId"));
   exports.Set("listProcesses", Napi::Function::New(env, ListProcesses, "listProcesses"));
   exports.Set("decodeBytes", Napi::Function::New(env, DecodeBytesJs, "decodeBytes"));

@@ -13,7 +13,26 @@ import { closeSync, constants as fsc, fstatSync, lstatSync, openSync, type Stats
 const GUARD = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
 
 /** What a file at a path is, for refusals that say why. */
-export function fileKind(st: Stats): string {
+/** The file-type tests Stats and a Dirent both answer. */
+export type FileType = Pick<
+  Stats,
+  'isFile' | 'isSymbolicLink' | 'isFIFO' | 'isCharacterDevice' | 'isBlockDevice' | 'isSocket' | 'isDirectory'
+>;
+
+/** Whether a Dirent carries its type: some file systems report DT_UNKNOWN, and then every test is false. */
+export function typeKnown(t: FileType): boolean {
+  return (
+    t.isFile() ||
+    t.isDirectory() ||
+    t.isSymbolicLink() ||
+    t.isFIFO() ||
+    t.isSocket() ||
+    t.isCharacterDevice() ||
+    t.isBlockDevice()
+  );
+}
+
+export function fileKind(st: FileType): string {
   if (st.isFile()) return 'a regular file';
   if (st.isSymbolicLink()) return 'a symlink (never followed)';
   if (st.isFIFO()) return 'a FIFO';

@@ -362,6 +362,10 @@ export class InstanceLogs {
   /** Instances watched this turn, waiting for their first check; and that check, once scheduled. */
   #firstChecks: Array<[string, Readonly<Required<LogOptions>>]> = [];
   #firstCheck: Promise<void> | null = null;
+  /** First checks wait for this: resolved, or pending while holdFirstChecks() holds. */
+  #unheld: Promise<void> = Promise.resolve();
+  #holds = 0;
+  #releaseHolds: (() => void) | null = null;
   #busy = new Set<string>();
   #timer: NodeJS.Timeout | undefined;
   #lastPrune = 0;
@@ -419,12 +423,36 @@ export class InstanceLogs {
     // instance watched in one turn runs once, after that turn, one file at a time: recovering thousands of
     // instances must neither read their logs inside open() nor queue thousands of stats on the threadpool.
     this.#firstChecks.push([id, limits]);
-    this.#firstCheck ??= new Promise<void>((resolve) => setImmediate(resolve)).then(() => {
-      const batch = this.#firstChecks.splice(0).filter(([each, l]) => this.#watched.get(each) === l);
-      this.#firstCheck = null;
-      return this.#check(batch);
-    });
+    this.#firstCheck ??= this.#unheld
+      .then(() => new Promise<void>((resolve) => setImmediate(resolve)))
+      .then(() => {
+        const batch = this.#firstChecks.splice(0).filter(([each, l]) => this.#watched.get(each) === l);
+        this.#firstCheck = null;
+        return this.#check(batch);
+      });
     return this.#firstCheck;
+  }
+
+  /**
+   * First checks wait until every hold is released: recovery adopts
+   * thousands of instances, and their logs are looked at once it is done,
+   * not between its steps. Returns the release (idempotent).
+   */
+  holdFirstChecks(): () => void {
+    if (this.#holds++ === 0) this.#unheld = new Promise<void>((resolve) => (this.#releaseHolds = resolve));
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      if (--this.#holds === 0) this.#unhold();
+    };
+  }
+
+  #unhold(): void {
+    this.#holds = 0;
+    this.#releaseHolds?.();
+    this.#releaseHolds = null;
+    this.#unheld = Promise.resolve();
   }
 
   /** The instance is gone (or its launch failed): its logs are no longer checked; the files stay. */
@@ -436,6 +464,8 @@ export class InstanceLogs {
   close(): void {
     this.#watched.clear();
     this.#stopTimer();
+    // Held checks run now, and find nothing watched.
+    this.#unhold();
   }
 
   #stopTimer(): void {

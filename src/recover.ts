@@ -22,7 +22,7 @@ import { statSync } from 'node:fs';
 import { fsPath } from './bytes.js';
 import { backend, capabilities } from './backend/index.js';
 import { bootTimeMs, startedAtMs } from './backend/procview.js';
-import type { ProcEntry } from './backend/types.js';
+import type { PidRef, ProcEntry, RawIdentity } from './backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from './cgroup.js';
 import { BadManifestError, BadPidfileError, errnoError } from './errors.js';
 import type { Emit } from './events.js';
@@ -92,13 +92,94 @@ export interface RecoveryHost {
 type Pinned = { identity: ProcessIdentity; handle: ProcessHandle; environ: () => Buffer };
 
 function pin(pid: number): Pinned | null {
+  let pinned: { raw: RawIdentity; ref: PidRef };
   try {
-    const { raw, ref } = backend.inspectPinned(pid, { reapIfChild: true });
-    const identity = toIdentity(pid, raw, backend.bootId());
-    return { identity, handle: new ProcessHandle(ref, { identity }), environ: environOf(ref) };
+    pinned = backend.inspectPinned(pid, { reapIfChild: true });
   } catch (err) {
     if (isNoProcess(err)) return null;
     throw err;
+  }
+  return pinnedOf(pid, pinned);
+}
+
+function pinnedOf(pid: number, { raw, ref }: { raw: RawIdentity; ref: PidRef }): Pinned {
+  try {
+    const identity = toIdentity(pid, raw, backend.bootId());
+    return { identity, handle: new ProcessHandle(ref, { identity }), environ: environOf(ref) };
+  } catch (err) {
+    ref.close();
+    throw err;
+  }
+}
+
+/** Pids per batch of pins taken ahead, and batches on the threadpool at once (see PinsAhead). */
+const PIN_BATCH = 128;
+const PIN_BATCHES_IN_FLIGHT = 2;
+
+/**
+ * The pins of the recorded pids of running manifests, taken ahead, in the
+ * order recovery will want them, in batches on the backend's threadpool:
+ * each is tens of microseconds of /proc reads, thousands of them at a
+ * restart, done while this thread reads manifests and decides. A pin taken
+ * ahead is what pin() would have read then, and the pidfd keeps it the same
+ * process; one whose process has been reaped since is read again, now, as
+ * pin() reads (its pid may be someone else's by then). A few batches at a
+ * time: what is taken ahead holds a pidfd per live process until taken.
+ */
+class PinsAhead {
+  readonly #pending = new Map<number, Promise<{ raw: RawIdentity; ref: PidRef } | Error>>();
+  readonly #batches: number[][] = [];
+
+  /** Where the backend reads only on this thread, nothing is taken ahead: pin() reads each when it is wanted. */
+  constructor(pids: readonly number[]) {
+    if (!backend.inspectPinnedMany) return;
+    const unique = [...new Set(pids)];
+    for (let k = 0; k < unique.length; k += PIN_BATCH) this.#batches.push(unique.slice(k, k + PIN_BATCH));
+    for (let k = 0; k < PIN_BATCHES_IN_FLIGHT; k++) this.#next();
+  }
+
+  #next(): void {
+    const batch = this.#batches.shift();
+    if (!batch) return;
+    const rows = backend.inspectPinnedMany?.(batch, { reapIfChild: true }) ?? Promise.resolve([]);
+    void rows.then(
+      () => this.#next(),
+      () => this.#next(),
+    );
+    batch.forEach((pid, k) => {
+      const row = rows.then((r) => r[k] as { raw: RawIdentity; ref: PidRef } | Error);
+      // Taken or not, never an unhandled rejection: take() and close() see the error.
+      row.catch(() => {});
+      this.#pending.set(pid, row);
+    });
+  }
+
+  /** The pin of pid as pin() reads it; undefined where none was taken ahead (or it was taken already). */
+  async take(pid: number): Promise<Pinned | null | undefined> {
+    const row = this.#pending.get(pid);
+    if (!row) return undefined;
+    this.#pending.delete(pid);
+    const r = await row;
+    if (r instanceof Error) {
+      if (isNoProcess(r)) return null;
+      throw r;
+    }
+    if (!r.ref.signal(0)) {
+      r.ref.close();
+      return pin(pid);
+    }
+    return pinnedOf(pid, r);
+  }
+
+  /** Releases every pin not taken, once its batch is in. */
+  async close(): Promise<void> {
+    this.#batches.length = 0;
+    const rest = [...this.#pending.values()];
+    this.#pending.clear();
+    for (const row of rest) {
+      const r = await row.catch((err: unknown) => err as Error);
+      if (!(r instanceof Error)) r.ref.close();
+    }
   }
 }
 
@@ -553,15 +634,25 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     return set;
   };
 
-  for (const entry of manifests) {
-    try {
-      if (entry.m) await recoverOne(entry.m);
-      else await unreadable(entry.id, entry.err);
-    } catch (e) {
-      const o = decideFailure(e);
-      if (o.do !== 'defer') throw e;
-      defer(entry.id, o.error);
+  // Off this thread from here on: the scan the interrupted launches will want, and the pins of the
+  // running instances' recorded pids, in the order they come below.
+  if (starting.length > 0) scanned().catch(() => {});
+  const ahead = new PinsAhead(
+    platform.provable ? manifests.flatMap((e) => (e.m?.state === 'running' ? [e.m.identity.pid] : [])) : [],
+  );
+  try {
+    for (const entry of manifests) {
+      try {
+        if (entry.m) await recoverOne(entry.m);
+        else await unreadable(entry.id, entry.err);
+      } catch (e) {
+        const o = decideFailure(e);
+        if (o.do !== 'defer') throw e;
+        defer(entry.id, o.error);
+      }
     }
+  } finally {
+    await ahead.close();
   }
   if (unsynced) await store.syncDir();
   if (host.cgroups) await unnamedCgroups(host.cgroups);
@@ -719,7 +810,8 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         const step = decideRunning(f);
         if (step.do !== 'read') return await act(step);
         if (step.what === 'process') {
-          live = pin(recorded.pid);
+          const early = await ahead.take(recorded.pid);
+          live = early === undefined ? pin(recorded.pid) : early;
           f.verdict = verify(recorded, live?.identity ?? null);
         } else if (step.what === 'cgroup') {
           const c = cgroupOf(m);

@@ -21,6 +21,7 @@ import {
   statSync,
   unlinkSync,
   writeSync,
+  type Dirent,
   type Stats,
 } from 'node:fs';
 import { homedir } from 'node:os';
@@ -277,6 +278,17 @@ export class StateDir {
   names(): string[] {
     try {
       return readdirSync(this.#base).sort();
+    } catch (err) {
+      throw new StateIOError(`cannot list state dir ${this.path}`, err);
+    }
+  }
+
+  /** The entries with the type readdir reports (d_type); a file system that reports none leaves every is*() false. */
+  entries(): Dirent[] {
+    try {
+      return readdirSync(this.#base, { withFileTypes: true }).sort((a, b) =>
+        a.name < b.name ? -1 : a.name > b.name ? 1 : 0,
+      );
     } catch (err) {
       throw new StateIOError(`cannot list state dir ${this.path}`, err);
     }

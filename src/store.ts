@@ -25,7 +25,7 @@ import { promisify } from 'node:util';
 import { BadManifestError, CustodyError, InvalidArgError, StateIOError, UnsafePathError } from './errors.js';
 import type { Emit } from './events.js';
 import { StateLock } from './lock.js';
-import { fileKind } from './files.js';
+import { fileKind, typeKnown, type FileType } from './files.js';
 import { errnoCode, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDir } from './statedir.js';
 import type { ProcessIdentity } from './types.js';
 import { pidMax } from './validate.js';
@@ -270,13 +270,17 @@ function readManifest(sd: StateDir, name: string): Manifest {
 function scan(sd: StateDir): { names: string[]; foreign: Array<{ name: string; kind: string }> } {
   const names: string[] = [];
   const foreign: Array<{ name: string; kind: string }> = [];
-  for (const name of sd.names()) {
+  for (const entry of sd.entries()) {
+    const { name } = entry;
     if (isReservedName(name)) continue;
-    let st: Stats;
-    try {
-      st = lstatSync(sd.at(name));
-    } catch {
-      continue;
+    // The type readdir gave (one getdents for the whole dir, no lstat per entry), else lstat's.
+    let st: FileType = entry;
+    if (!typeKnown(entry)) {
+      try {
+        st = lstatSync(sd.at(name));
+      } catch {
+        continue;
+      }
     }
     if (st.isDirectory() || st.isSymbolicLink()) names.push(name);
     else foreign.push({ name, kind: fileKind(st) });

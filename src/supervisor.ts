@@ -319,6 +319,8 @@ export class Supervisor {
   }
 
   #recover(): Promise<RecoveryReport> {
+    // The adopted instances' logs are checked against their caps once recovery is done.
+    const release = this.#logs.holdFirstChecks();
     return recover({
       store: this.#store,
       emit: this.#emit,
@@ -337,7 +339,7 @@ export class Supervisor {
       adopt: (m: Manifest, h: ProcessHandle, cg: InstanceCgroup | null) => void this.#track(m, h, cg),
       quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
       defer: (id, err) => this.#defer(id, err),
-    });
+    }).finally(release);
   }
 
   /**

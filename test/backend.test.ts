@@ -1,4 +1,4 @@
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn as cpSpawn } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
@@ -7,8 +7,10 @@ import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
 import { capabilities } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
+import { killAndWait, MARKER, unusedPid, waitFor } from './helpers/procs.js';
+import { PERL as PERL_BIN } from './helpers/supervisor.js';
 
-expectNoLeaks();
+expectNoLeaks({ marker: MARKER });
 
 const root = join(import.meta.dirname, '..');
 const dist = join(root, 'dist', 'index.js');
@@ -98,4 +100,46 @@ describe(`backend selection (${backend.name})`, () => {
       }
     },
   );
+});
+
+describe(`inspectPinnedMany: pins taken on the threadpool (${backend.name})`, () => {
+  it('gives, in order, each pid its pin or the error inspectPinned throws; every pidfd is closed with its pin', async () => {
+    if (!backend.inspectPinnedMany) {
+      // Only a backend that reads /proc off the event loop offers it; recovery then pins each in turn.
+      expect(backend.name).toBe('js');
+      return;
+    }
+    const child = cpSpawn(PERL_BIN, ['-e', 'sleep 30', MARKER], { stdio: 'ignore' });
+    try {
+      await waitFor(() => {
+        try {
+          return backend.inspect(child.pid as number).argv.includes(MARKER);
+        } catch {
+          return false;
+        }
+      });
+      // A thread of this process: a TID, not a process.
+      const tid = readdirSync('/proc/self/task')
+        .map(Number)
+        .find((t) => t !== process.pid) as number;
+      const gone = unusedPid();
+      const rows = await backend.inspectPinnedMany([child.pid as number, gone, tid, process.pid]);
+      expect(rows).toHaveLength(4);
+      const [live, none, thread, self] = rows;
+      expect(live).not.toBeInstanceOf(Error);
+      if (!live || !self || live instanceof Error || self instanceof Error) throw new Error('not pinned');
+      expect(live.raw.argv).toEqual([PERL_BIN, '-e', 'sleep 30', MARKER]);
+      expect(live.raw.startTicks).toBe(backend.inspect(child.pid as number).startTicks);
+      expect(live.ref.signal(0)).toBe(true);
+      expect(none).toMatchObject({ code: 'ESRCH' });
+      expect(thread).toMatchObject({ code: 'ERR_CUSTODY_NOT_A_PROCESS' });
+      expect(self.raw.startTicks).toBe(backend.inspect(process.pid).startTicks);
+      live.ref.close();
+      self.ref.close();
+      await expect(backend.inspectPinnedMany([0])).rejects.toMatchObject({ code: 'ERR_OUT_OF_RANGE' });
+      await expect(backend.inspectPinnedMany([])).resolves.toEqual([]);
+    } finally {
+      await killAndWait(child);
+    }
+  });
 });

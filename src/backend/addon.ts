@@ -50,6 +50,8 @@ export interface NativeAddon {
   watchRef(id: number, ref: boolean): void;
   parseStat(text: string): StatFields | null;
   inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
+  /** inspect(pid, '/proc', true) of each pid on the threadpool: its array (pidfd handed over) or its errno Error. */
+  inspectPinnedMany(pids: number[]): Promise<Array<AddonInspect | Error>>;
   readBootId(path?: string): string;
   /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
   decodeBytes(bytes: Buffer): string;

@@ -423,6 +423,21 @@ function fromAddon(r: AddonInspect): RawIdentity {
   };
 }
 
+/**
+ * What a failed inspection of pid throws: the addon's errno error, except
+ * that pidfd_open refuses a thread that is not a thread-group leader
+ * (EINVAL before Linux 6.9, ENOENT since, where PIDFD_THREAD can name
+ * threads), which is a TID, not a process.
+ */
+function inspectFailure(pid: number, procRoot: string | undefined, err: Error): Error {
+  const { code, syscall } = err as NodeJS.ErrnoException;
+  if ((code === 'EINVAL' || code === 'ENOENT') && syscall === 'pidfd_open') {
+    const tgid = tgidOf(pid, procRoot);
+    if (tgid !== null && tgid !== pid) return new NotAProcessError(pid, tgid);
+  }
+  return err;
+}
+
 export class NativeBackend extends ProcReads implements Backend {
   readonly name = 'native' as const;
   /** The vfork-style child writes itself into the target's cgroup.procs before execve (native/spawn.cc). */
@@ -460,19 +475,28 @@ export class NativeBackend extends ProcReads implements Backend {
     };
   }
 
+  async inspectPinnedMany(
+    pids: readonly number[],
+    options: { reapIfChild?: boolean } = {},
+  ): Promise<Array<{ raw: RawIdentity; ref: PidRef } | Error>> {
+    assertOwnProc(undefined);
+    const origin: Origin = options.reapIfChild ? 'adopted' : 'other';
+    const rows = await this.#addon.inspectPinnedMany([...pids]);
+    return rows.map((r, k) => {
+      const pid = pids[k] as number;
+      if (r instanceof Error) return inspectFailure(pid, undefined, r);
+      // The pin first: from here on its pidfd is owned (closed by close() or the finalizer).
+      const ref = new NativePidRef(this.#pins, pid, r[7], origin);
+      return { raw: fromAddon(r), ref };
+    });
+  }
+
   #inspect(pid: number, procRoot: string | undefined, keepPidfd: boolean): AddonInspect {
     assertOwnProc(procRoot);
     try {
       return this.#addon.inspect(pid, procRoot, keepPidfd);
     } catch (err) {
-      // pidfd_open refuses a thread that is not a thread-group leader:
-      // EINVAL before Linux 6.9, ENOENT since (PIDFD_THREAD can name threads).
-      const { code, syscall } = err as NodeJS.ErrnoException;
-      if ((code === 'EINVAL' || code === 'ENOENT') && syscall === 'pidfd_open') {
-        const tgid = tgidOf(pid, procRoot);
-        if (tgid !== null && tgid !== pid) throw new NotAProcessError(pid, tgid);
-      }
-      throw err;
+      throw inspectFailure(pid, procRoot, err as Error);
     }
   }
 

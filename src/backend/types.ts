@@ -155,6 +155,17 @@ export interface Backend {
    * child_process may own.
    */
   inspectPinned(pid: number, options?: { reapIfChild?: boolean }): { raw: RawIdentity; ref: PidRef };
+  /**
+   * inspectPinned of each pid, in order, off the event loop: each entry is
+   * the pin, or the error inspectPinned would have thrown for that pid. Only
+   * where the backend can read /proc on another thread (native: the
+   * threadpool); absent elsewhere. At most 65536 pids; the caller sizes its
+   * batches, since each holds a pidfd per live process.
+   */
+  inspectPinnedMany?(
+    pids: readonly number[],
+    options?: { reapIfChild?: boolean },
+  ): Promise<Array<{ raw: RawIdentity; ref: PidRef } | Error>>;
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
   /** Whether pid is a child this backend spawned and will reap itself (never to be reaped by anyone else). */

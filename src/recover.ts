@@ -112,6 +112,15 @@ function pinnedOf(pid: number, { raw, ref }: { raw: RawIdentity; ref: PidRef }):
   }
 }
 
+/** Whether a pinned process has not been reaped: signal 0 through its pin; EPERM (another uid's) proves it is there. */
+function stillThere(ref: PidRef): boolean {
+  try {
+    return ref.signal(0);
+  } catch {
+    return true;
+  }
+}
+
 /** Pids per batch of pins taken ahead, and batches on the threadpool at once (see PinsAhead). */
 const PIN_BATCH = 128;
 const PIN_BATCHES_IN_FLIGHT = 2;
@@ -164,7 +173,7 @@ class PinsAhead {
       if (isNoProcess(r)) return null;
       throw r;
     }
-    if (!r.ref.signal(0)) {
+    if (!stillThere(r.ref)) {
       r.ref.close();
       return pin(pid);
     }

@@ -12,7 +12,6 @@ import { closeSync, constants as fsc, fstatSync, lstatSync, openSync, type Stats
 // every fd O_CLOEXEC, so nothing custody spawns inherits one by accident.
 const GUARD = fsc.O_NOFOLLOW | fsc.O_NONBLOCK | fsc.O_NOCTTY;
 
-/** What a file at a path is, for refusals that say why. */
 /** The file-type tests Stats and a Dirent both answer. */
 export type FileType = Pick<
   Stats,
@@ -32,6 +31,7 @@ export function typeKnown(t: FileType): boolean {
   );
 }
 
+/** What a file at a path is, for refusals that say why. */
 export function fileKind(st: FileType): string {
   if (st.isFile()) return 'a regular file';
   if (st.isSymbolicLink()) return 'a symlink (never followed)';

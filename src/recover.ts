@@ -138,10 +138,12 @@ const PIN_BATCHES_IN_FLIGHT = 2;
 class PinsAhead {
   readonly #pending = new Map<number, Promise<{ raw: RawIdentity; ref: PidRef } | Error>>();
   readonly #batches: number[][] = [];
+  readonly #pinMany: NonNullable<typeof backend.inspectPinnedMany> | undefined;
 
   /** Where the backend reads only on this thread, nothing is taken ahead: pin() reads each when it is wanted. */
   constructor(pids: readonly number[]) {
-    if (!backend.inspectPinnedMany) return;
+    this.#pinMany = backend.inspectPinnedMany?.bind(backend);
+    if (!this.#pinMany) return;
     const unique = [...new Set(pids)];
     for (let k = 0; k < unique.length; k += PIN_BATCH) this.#batches.push(unique.slice(k, k + PIN_BATCH));
     for (let k = 0; k < PIN_BATCHES_IN_FLIGHT; k++) this.#next();
@@ -149,8 +151,8 @@ class PinsAhead {
 
   #next(): void {
     const batch = this.#batches.shift();
-    if (!batch) return;
-    const rows = backend.inspectPinnedMany?.(batch, { reapIfChild: true }) ?? Promise.resolve([]);
+    if (!batch || !this.#pinMany) return;
+    const rows = this.#pinMany(batch, { reapIfChild: true });
     void rows.then(
       () => this.#next(),
       () => this.#next(),

@@ -276,11 +276,7 @@ export class StateDir {
   }
 
   names(): string[] {
-    try {
-      return readdirSync(this.#base).sort();
-    } catch (err) {
-      throw new StateIOError(`cannot list state dir ${this.path}`, err);
-    }
+    return this.entries().map((e) => e.name);
   }
 
   /** The entries with the type readdir reports (d_type); a file system that reports none leaves every is*() false. */

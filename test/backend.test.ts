@@ -1,5 +1,16 @@
 import { execFileSync, spawn as cpSpawn } from 'node:child_process';
-import { readdirSync } from 'node:fs';
+import {
+  closeSync,
+  constants as fsc,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { describe, expect, it } from 'vitest';
@@ -140,6 +151,69 @@ describe(`inspectPinnedMany: pins taken on the threadpool (${backend.name})`, ()
       await expect(backend.inspectPinnedMany([])).resolves.toEqual([]);
     } finally {
       await killAndWait(child);
+    }
+  });
+});
+
+describe(`readFilesAt: state files read on the threadpool (${backend.name})`, () => {
+  it('reads each <name>/<leaf> in order, never following a symlink nor opening a FIFO or a device; no fd is left', async () => {
+    if (!backend.readFilesAt) {
+      // Only the native backend reads files off the event loop; the store then reads each in turn.
+      expect(backend.name).toBe('js');
+      return;
+    }
+    const root = mkdtempSync(join(tmpdir(), 'custody-readfiles-'));
+    const outside = mkdtempSync(join(tmpdir(), 'custody-readfiles-outside-'));
+    let dirFd = -1;
+    try {
+      const put = (name: string, make: (leaf: string) => void) => {
+        mkdirSync(join(root, name));
+        make(join(root, name, 'm.json'));
+      };
+      put('plain', (f) => writeFileSync(f, '{"a":1}'));
+      put('empty', (f) => writeFileSync(f, ''));
+      put('big', (f) => writeFileSync(f, Buffer.alloc(65)));
+      put('fifo', (f) => execFileSync('mkfifo', [f]));
+      put('device', (f) => execFileSync('mknod', [f, 'c', '1', '3'])); // /dev/null's numbers
+      put('linkleaf', (f) => symlinkSync(join(outside, 'secret'), f));
+      put('noleaf', () => {});
+      writeFileSync(join(outside, 'secret'), 'not ours');
+      mkdirSync(join(outside, 'dir'));
+      writeFileSync(join(outside, 'dir', 'm.json'), 'not ours either');
+      symlinkSync(join(outside, 'dir'), join(root, 'linkdir'));
+      writeFileSync(join(root, 'file'), 'a file, not a dir');
+      const names = ['plain', 'empty', 'big', 'fifo', 'device', 'linkleaf', 'noleaf', 'linkdir', 'file', 'absent'];
+      dirFd = openSync(root, fsc.O_RDONLY | fsc.O_DIRECTORY);
+      const rows = await backend.readFilesAt(dirFd, names, 'm.json', 64);
+      const byName = Object.fromEntries(names.map((n, k) => [n, rows[k]]));
+      expect(byName.plain).toEqual(Buffer.from('{"a":1}'));
+      expect(byName.empty).toEqual(Buffer.alloc(0));
+      expect(byName.big).toMatchObject({ size: 65, swapped: false });
+      expect(byName.fifo).toMatchObject({ mode: expect.any(Number) });
+      expect((byName.fifo as { mode: number }).mode & fsc.S_IFMT).toBe(fsc.S_IFIFO);
+      expect((byName.device as { mode: number }).mode & fsc.S_IFMT).toBe(fsc.S_IFCHR);
+      expect((byName.linkleaf as { mode: number }).mode & fsc.S_IFMT).toBe(fsc.S_IFLNK);
+      expect(byName.noleaf).toMatchObject({ code: 'ENOENT', syscall: 'lstat' });
+      // O_DIRECTORY|O_NOFOLLOW on a symlink: ENOTDIR on Linux (ELOOP elsewhere); never the dir it names.
+      expect(byName.linkdir).toMatchObject({ code: expect.stringMatching(/^(ENOTDIR|ELOOP)$/), syscall: 'opendir' });
+      expect(byName.file).toMatchObject({ code: 'ENOTDIR', syscall: 'opendir' });
+      expect(byName.absent).toMatchObject({ code: 'ENOENT', syscall: 'opendir' });
+      // Names are single components, checked before anything is opened.
+      for (const bad of ['../x', '.', '..', '', 'a/b'])
+        await expect(async () => backend.readFilesAt?.(dirFd, [bad], 'm.json', 64)).rejects.toMatchObject({
+          code: 'ERR_INVALID_ARG_VALUE',
+        });
+      await expect(async () => backend.readFilesAt?.(dirFd, ['plain'], '../m.json', 64)).rejects.toMatchObject({
+        code: 'ERR_INVALID_ARG_VALUE',
+      });
+      await expect(async () => backend.readFilesAt?.(dirFd, ['plain'], 'm.json', -1)).rejects.toMatchObject({
+        code: 'ERR_OUT_OF_RANGE',
+      });
+      await expect(backend.readFilesAt(dirFd, [], 'm.json', 64)).resolves.toEqual([]);
+    } finally {
+      if (dirFd >= 0) closeSync(dirFd);
+      rmSync(root, { recursive: true, force: true });
+      rmSync(outside, { recursive: true, force: true });
     }
   });
 });

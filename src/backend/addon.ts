@@ -7,6 +7,7 @@ import { createRequire } from 'node:module';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { StatFields } from '../proc.js';
+import type { FileRead } from './types.js';
 
 /**
  * [state, ppid, startTicks, uid, exeDev, exeIno, pidfsId, pidfd, session, pidNs, ...argv]; -1 for no exe / no
@@ -52,6 +53,8 @@ export interface NativeAddon {
   inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
   /** inspect(pid, '/proc', true) of each pid on the threadpool: its array (pidfd handed over) or its errno Error. */
   inspectPinnedMany(pids: number[]): Promise<Array<AddonInspect | Error>>;
+  /** <name>/<leaf> under dirFd for each name, on the threadpool: its bytes, its errno Error, or what is there instead. */
+  readFilesAt(dirFd: number, names: string[], leaf: string, maxBytes: number): Promise<Array<FileRead>>;
   readBootId(path?: string): string;
   /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
   decodeBytes(bytes: Buffer): string;

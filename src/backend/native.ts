@@ -17,6 +17,7 @@ import type { Capabilities, ExitStatus } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
 import type {
   Backend,
+  FileRead,
   NotifyDatagram,
   NotifyListener,
   PidRef,
@@ -489,6 +490,10 @@ export class NativeBackend extends ProcReads implements Backend {
       const ref = new NativePidRef(this.#pins, pid, r[7], origin);
       return { raw: fromAddon(r), ref };
     });
+  }
+
+  readFilesAt(dirFd: number, names: readonly string[], leaf: string, maxBytes: number): Promise<FileRead[]> {
+    return this.#addon.readFilesAt(dirFd, [...names], leaf, maxBytes);
   }
 
   #inspect(pid: number, procRoot: string | undefined, keepPidfd: boolean): AddonInspect {

@@ -166,6 +166,16 @@ export interface Backend {
     pids: readonly number[],
     options?: { reapIfChild?: boolean },
   ): Promise<Array<{ raw: RawIdentity; ref: PidRef } | Error>>;
+  /**
+   * <name>/<leaf> under the dir held by dirFd, for each name, off the event
+   * loop, never following a symlink nor opening what is not a regular file:
+   * its bytes; the errno Error of the call that failed (syscall "opendir"
+   * for <name> itself, "lstat" or "open" for the leaf); or, for what is not a
+   * regular file of at most maxBytes, its mode and size (swapped: replaced
+   * between the lstat and the open). Native only; at most 65536 names. The
+   * caller keeps dirFd open until the promise settles.
+   */
+  readFilesAt?(dirFd: number, names: readonly string[], leaf: string, maxBytes: number): Promise<FileRead[]>;
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
   /** Whether pid is a child this backend spawned and will reap itself (never to be reaped by anyone else). */
@@ -226,3 +236,6 @@ export interface Backend {
   /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */
   tryLock(fd: number): boolean | 'unsupported';
 }
+
+/** One file read by readFilesAt. */
+export type FileRead = Buffer | Error | { mode: number; size: number; swapped: boolean };

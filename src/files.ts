@@ -31,6 +31,20 @@ export function typeKnown(t: FileType): boolean {
   );
 }
 
+/** The file-type tests of a stat mode (st_mode's S_IFMT bits). */
+export function typeOfMode(mode: number): FileType {
+  const t = mode & fsc.S_IFMT;
+  return {
+    isFile: () => t === fsc.S_IFREG,
+    isDirectory: () => t === fsc.S_IFDIR,
+    isSymbolicLink: () => t === fsc.S_IFLNK,
+    isFIFO: () => t === fsc.S_IFIFO,
+    isSocket: () => t === fsc.S_IFSOCK,
+    isCharacterDevice: () => t === fsc.S_IFCHR,
+    isBlockDevice: () => t === fsc.S_IFBLK,
+  };
+}
+
 /** What a file at a path is, for refusals that say why. */
 export function fileKind(st: FileType): string {
   if (st.isFile()) return 'a regular file';

@@ -244,6 +244,9 @@ function forksOf(rows: ProcEntry[]): Forks {
   return out;
 }
 
+/** Cleaned instances' removals under way at once: enough to keep libuv's threadpool (4 threads) fed, few enough to leave it to the scan and the pins. */
+const REMOVALS_IN_FLIGHT = 8;
+
 /** The most layouts one scan compares (native/proc.cc kMaxImages). */
 const MAX_SCAN_IMAGES = 1 << 16;
 
@@ -547,17 +550,34 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     return entry;
   };
 
-  // Cleaned instances share one fsync of the state dir, at the end.
+  // Cleaned instances' state is removed on the threadpool, a few at a time, while the next manifests are
+  // judged; they share one fsync of the state dir, once all are removed. An instance is reported cleaned
+  // once its state is gone; a removal that fails is deferred (transient) or fails recover(), as before.
   let unsynced = false;
+  const removing = new Set<Promise<void>>();
+  let removalFailure: { error: unknown } | undefined;
   const clean = async (m: Manifest, o: Extract<Outcome, { do: 'clean' }>, pid?: number) => {
     // Whatever is left in its cgroup is provably the instance's, which is over: ended first, then the cgroup goes.
     await endCgroup(m, o.graceMs);
     removeDeclaredPaths(m.paths, emit, m.id);
-    await store.remove(m.id, { sync: false });
+    while (removing.size >= REMOVALS_IN_FLIGHT) await Promise.race(removing);
     unsynced = true;
-    const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason: o.reason };
-    report.cleaned.push(entry);
-    emit('clean', { ...entry, message: `${m.id}: ${o.reason}; state cleaned, nothing signalled` });
+    const removal: Promise<void> = store
+      .remove(m.id, { sync: false })
+      .then(
+        () => {
+          const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason: o.reason };
+          report.cleaned.push(entry);
+          emit('clean', { ...entry, message: `${m.id}: ${o.reason}; state cleaned, nothing signalled` });
+        },
+        (err: unknown) => {
+          const failed = decideFailure(err);
+          if (failed.do === 'defer') defer(m.id, failed.error);
+          else removalFailure ??= { error: err };
+        },
+      )
+      .finally(() => removing.delete(removal));
+    removing.add(removal);
   };
 
   const adopt = (m: RunningManifest, handle: ProcessHandle, cg: InstanceCgroup | null, reason?: string) => {
@@ -578,16 +598,14 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   };
 
   // Decide, then act: every manifest is read before anything is done.
-  const manifests: Array<{ id: string; m: Manifest; err?: undefined } | { id: string; m?: undefined; err: unknown }> =
-    [];
-  for (const id of store.ids()) {
-    if (!host.wants(id)) continue;
-    try {
-      manifests.push({ id, m: store.read(id) });
-    } catch (err) {
-      manifests.push({ id, err });
-    }
-  }
+  const ids = store.ids().filter((id) => host.wants(id));
+  const read = await store.readMany(ids);
+  const manifests = ids.map(
+    (id, k): { id: string; m: Manifest; err?: undefined } | { id: string; m?: undefined; err: unknown } => {
+      const r = read[k];
+      return r instanceof Error ? { id, err: r } : { id, m: r as Manifest };
+    },
+  );
   // One scan for all interrupted launches, indexed by their tokens: argv tokens from the argv of every
   // process; env tokens from the environments of the processes that fit an env-mode launch, each read once.
   const starting = manifests.flatMap((e) => (e.m?.state === 'starting' ? [e.m] : []));
@@ -664,7 +682,9 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     }
   } finally {
     await ahead.close();
+    await Promise.allSettled(removing);
   }
+  if (removalFailure) throw removalFailure.error;
   if (unsynced) await store.syncDir();
   if (host.cgroups) await unnamedCgroups(host.cgroups);
   return report;

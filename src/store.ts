@@ -21,11 +21,14 @@ import {
   writeSync,
   type Stats,
 } from 'node:fs';
+import { lstat, rmdir, unlink } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { BadManifestError, CustodyError, InvalidArgError, StateIOError, UnsafePathError } from './errors.js';
 import type { Emit } from './events.js';
 import { StateLock } from './lock.js';
-import { fileKind, typeKnown, type FileType } from './files.js';
+import { backend } from './backend/index.js';
+import type { FileRead } from './backend/types.js';
+import { fileKind, typeKnown, typeOfMode, type FileType } from './files.js';
 import { errnoCode, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDir } from './statedir.js';
 import type { ProcessIdentity } from './types.js';
 import { pidMax } from './validate.js';
@@ -266,6 +269,40 @@ function readManifest(sd: StateDir, name: string): Manifest {
   }
 }
 
+/**
+ * readManifest's answer from what the backend's readFilesAt found at
+ * <name>/manifest.json: the same manifest, or the same BadManifestError,
+ * for the same cases (a symlinked dir, no manifest, a FIFO, too large...).
+ */
+function manifestFromRead(sd: StateDir, name: string, r: FileRead): Manifest {
+  const path = sd.show(name, MANIFEST);
+  if (Buffer.isBuffer(r)) return decodeManifest(r.toString('utf8'), path, name);
+  if (!(r instanceof Error)) {
+    const problem = r.swapped
+      ? 'was replaced while it was being opened'
+      : !typeOfMode(r.mode).isFile()
+        ? `is ${fileKind(typeOfMode(r.mode))}`
+        : `is ${r.size} bytes, more than ${MAX_MANIFEST_BYTES}`;
+    throw new BadManifestError(path, `manifest ${problem}`);
+  }
+  const code = errnoCode(r);
+  const { syscall } = r as NodeJS.ErrnoException;
+  if (syscall === 'opendir') {
+    if (code === 'ENOTDIR' || code === 'ELOOP')
+      throw new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: r });
+    throw new BadManifestError(path, `instance dir unreadable (${code})`, { cause: r });
+  }
+  if (syscall === 'lstat' && code === 'ENOENT') throw new IncompleteInstanceError(path);
+  // Swapped between the lstat and the open, as openRegular says it.
+  if (syscall === 'open' && code === 'ELOOP')
+    throw new BadManifestError(path, 'manifest is a symlink (never followed)');
+  if (syscall === 'open' && code === 'ENXIO') throw new BadManifestError(path, 'manifest is a FIFO or a socket');
+  throw new BadManifestError(path, `unreadable (${code})`, { cause: r });
+}
+
+/** Manifests a readMany() batch reads on the threadpool: a batch per thread of libuv's pool, for the few thousand of a busy host. */
+const READ_BATCH = 1024;
+
 /** The entries of a state dir that may be instances (dirs and symlinks), and the files custody did not write. */
 function scan(sd: StateDir): { names: string[]; foreign: Array<{ name: string; kind: string }> } {
   const names: string[] = [];
@@ -356,6 +393,55 @@ export class StateStore {
     return readManifest(this.#held(), name);
   }
 
+  /**
+   * read() of each name, in order: its manifest, or the error read() would
+   * have thrown. Where the backend reads files off the event loop (native),
+   * in batches on the threadpool; elsewhere here, one by one.
+   */
+  async readMany(names: readonly string[]): Promise<Array<Manifest | Error>> {
+    const sd = this.#held();
+    const one = (read: () => Manifest): Manifest | Error => {
+      try {
+        return read();
+      } catch (err) {
+        return err as Error;
+      }
+    };
+    const readFilesAt = backend.readFilesAt?.bind(backend);
+    if (!readFilesAt) return names.map((name) => one(() => readManifest(sd, name)));
+    // Only ids reach the disk: readManifest refuses any other name unread.
+    const ids = names.filter(isValidId);
+    const batches: Array<Promise<FileRead[]>> = [];
+    for (let at = 0; at < ids.length; at += READ_BATCH) {
+      batches.push(this.#busy(() => readFilesAt(sd.fd, ids.slice(at, at + READ_BATCH), MANIFEST, MAX_MANIFEST_BYTES)));
+    }
+    const reads = new Map<string, FileRead>();
+    let k = 0;
+    for (const batch of await Promise.all(batches)) for (const r of batch) reads.set(ids[k++] as string, r);
+    return names.map((name) => {
+      const r = reads.get(name);
+      return one(() => (r === undefined ? readManifest(sd, name) : manifestFromRead(sd, name, r)));
+    });
+  }
+
+  /**
+   * Writes, removals and fsyncs under way: they reach the dir through its fd
+   * from the threadpool, so close() leaves the fd (and the lock) to the last
+   * of them. Freed under them, the fd's number could be reused, and an unlink
+   * aimed at another directory.
+   */
+  #working = 0;
+
+  async #busy<T>(work: () => Promise<T>): Promise<T> {
+    this.#held();
+    this.#working++;
+    try {
+      return await work();
+    } finally {
+      if (--this.#working === 0 && this.#closed) this.#release();
+    }
+  }
+
   /** The held dir; after close() its fd number may name something else, so nothing reaches it. */
   #held(): StateDir {
     if (this.#closed) throw new CustodyError('ERR_CUSTODY_CLOSED', `the state store of ${this.dir} is closed`);
@@ -377,6 +463,10 @@ export class StateStore {
    */
   async write(m: Manifest): Promise<void> {
     assertId(m.id);
+    return this.#busy(() => this.#write(m));
+  }
+
+  async #write(m: Manifest): Promise<void> {
     const at = this.#held().at(m.id);
     let created = false;
     let dfd = -1;
@@ -459,12 +549,23 @@ export class StateStore {
    * `sync: false` leaves the state dir's fsync to a later syncDir(): recovery
    * cleans many gone instances with one fsync (a crash before it only brings
    * back manifests of processes proven gone, which the next recovery cleans).
+   * Such a batch's lstat, unlink and rmdir also run on the threadpool
+   * (removeOnPool): on a journaling file system they cost ~0.5 ms an
+   * instance, which recovery overlaps with judging the next manifests. A lone
+   * removal (a stop, an exit) makes them at once, on this thread: its state is
+   * gone by the time its status says so.
    */
   async remove(name: string, options: { sync?: boolean } = {}): Promise<{ removed: boolean; left: string[] }> {
     assertEntryName(name);
-    const sync = options.sync !== false;
+    return this.#busy(() => this.#remove(name, options.sync !== false));
+  }
+
+  async #remove(name: string, sync: boolean): Promise<{ removed: boolean; left: string[] }> {
     const at = this.#held().at(name);
     const show = this.#sd.show(name);
+    // A batch's common case first, on the threadpool; what it leaves, the careful way below.
+    const pooled = sync ? 'none' : await removeOnPool(at);
+    if (pooled === 'all') return { removed: true, left: [] };
     try {
       let st: Stats;
       try {
@@ -486,7 +587,7 @@ export class StateStore {
         });
         return { removed: false, left: [name] };
       }
-      let removed = false;
+      let removed = pooled === 'manifest';
       try {
         unlinkSync(`${at}/${MANIFEST}`);
         removed = true;
@@ -525,22 +626,49 @@ export class StateStore {
 
   /** Makes earlier removals durable: one fsync of the state dir. */
   async syncDir(): Promise<void> {
-    try {
-      await this.#sd.fsync();
-    } catch (err) {
-      throw new StateIOError('cannot sync the state dir', err);
-    }
+    return this.#busy(async () => {
+      try {
+        await this.#sd.fsync();
+      } catch (err) {
+        throw new StateIOError('cannot sync the state dir', err);
+      }
+    });
   }
 
   /** Releases the lock and the dir. Supervised processes are not affected. */
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    if (this.#working === 0) this.#release();
+  }
+
+  #release(): void {
     try {
       this.#lock.release();
     } finally {
       this.#sd.close();
     }
+  }
+}
+
+/**
+ * A batched removal's common case, on libuv's threadpool: an instance dir
+ * holding only its manifest. 'all': removed; 'manifest': its manifest only
+ * (the dir holds more); 'none': nothing (not a plain dir, or an error), all
+ * left to the careful path, which reports what it finds.
+ */
+async function removeOnPool(at: string): Promise<'all' | 'manifest' | 'none'> {
+  try {
+    if (!(await lstat(at)).isDirectory()) return 'none';
+    await unlink(`${at}/${MANIFEST}`);
+  } catch {
+    return 'none';
+  }
+  try {
+    await rmdir(at);
+    return 'all';
+  } catch {
+    return 'manifest';
   }
 }
 

@@ -5,7 +5,8 @@
 // valgrind does not know and fall back to js, testing nothing).
 // Prints which calls valgrind refused (ENOSYS): those paths ran only up to
 // the refused syscall.
-import { closeSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -34,6 +35,12 @@ function call(name, fn, expected = []) {
 const dir = mkdtempSync(join(tmpdir(), 'custody-valgrind-'));
 const lockFile = join(dir, 'lock');
 writeFileSync(lockFile, '');
+// A state dir for readFilesAt: one manifest, one FIFO where a manifest should be.
+const stateDir = join(dir, 'state');
+mkdirSync(join(stateDir, 'a'), { recursive: true });
+writeFileSync(join(stateDir, 'a', 'manifest.json'), '{"id":"a"}');
+mkdirSync(join(stateDir, 'fifo'));
+execFileSync('mkfifo', [join(stateDir, 'fifo', 'manifest.json')]);
 const stat = '4242 (a) (b c) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 200 18446744073709551615\n';
 
 // The one exit dispatcher: [id, code, status] triples in `events`.
@@ -61,6 +68,19 @@ try {
     call('readBootId', () => addon.readBootId());
     call('readBootId(missing)', () => addon.readBootId(join(dir, 'missing')), ['ENOENT']);
     call('listProcesses', () => addon.listProcesses());
+    // The threadpool batches, awaited: each result (pidfds, buffers) is built and freed within the round.
+    const pins = await call('inspectPinnedMany', () => addon.inspectPinnedMany([process.pid, 2 ** 22 - 1]));
+    for (const row of pins ?? []) if (Array.isArray(row) && row[7] >= 0) addon.close(row[7]);
+    call('inspectPinnedMany(out of range)', () => addon.inspectPinnedMany([0]), ['ERR_OUT_OF_RANGE']);
+    const stateFd = openSync(stateDir, 'r');
+    try {
+      await call('readFilesAt', () => addon.readFilesAt(stateFd, ['a', 'missing', 'fifo'], 'manifest.json', 64));
+      call('readFilesAt(bad name)', () => addon.readFilesAt(stateFd, ['../a'], 'manifest.json', 64), [
+        'ERR_INVALID_ARG_VALUE',
+      ]);
+    } finally {
+      closeSync(stateFd);
+    }
     call('inspect(self)', () => addon.inspect(process.pid));
     const kept = call('inspect(self, keep pidfd)', () => addon.inspect(process.pid, '/proc', true));
     if (kept && kept[7] >= 0) call('close', () => addon.close(kept[7]));

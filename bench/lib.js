@@ -61,7 +61,13 @@ export function runJson(command, args = [], { env = process.env, timeoutMs = 120
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
-      const tail = stderr.trim().split('\n').slice(-5).join('\n');
+      // What it said, not where: stack frames would push the error's message out of the last lines.
+      const tail = stderr
+        .trim()
+        .split('\n')
+        .filter((l) => !/^\s+at /.test(l))
+        .slice(-8)
+        .join('\n');
       if (code !== 0) {
         const how = signal
           ? `was killed by ${signal}${signal === 'SIGKILL' ? ` (timeout ${timeoutMs} ms?)` : ''}`

@@ -411,16 +411,22 @@ export class StateStore {
     if (!readFilesAt) return names.map((name) => one(() => readManifest(sd, name)));
     // Only ids reach the disk: readManifest refuses any other name unread.
     const ids = names.filter(isValidId);
-    const batches: Array<Promise<FileRead[]>> = [];
+    const batches: Array<Promise<FileRead[] | null>> = [];
     for (let at = 0; at < ids.length; at += READ_BATCH) {
-      batches.push(this.#busy(() => readFilesAt(sd.fd, ids.slice(at, at + READ_BATCH), MANIFEST, MAX_MANIFEST_BYTES)));
+      const batch = ids.slice(at, at + READ_BATCH);
+      // A batch that fails whole (ENOMEM) is read here instead, so each name still gets its own answer.
+      batches.push(this.#busy(() => readFilesAt(sd.fd, batch, MANIFEST, MAX_MANIFEST_BYTES)).catch(() => null));
     }
     const reads = new Map<string, FileRead>();
     let k = 0;
-    for (const batch of await Promise.all(batches)) for (const r of batch) reads.set(ids[k++] as string, r);
+    for (const batch of await Promise.all(batches)) {
+      if (batch) for (const r of batch) reads.set(ids[k++] as string, r);
+      else k += READ_BATCH;
+    }
     return names.map((name) => {
       const r = reads.get(name);
-      return one(() => (r === undefined ? readManifest(sd, name) : manifestFromRead(sd, name, r)));
+      // Held again: the store may have been closed while the batches ran.
+      return one(() => (r === undefined ? readManifest(this.#held(), name) : manifestFromRead(sd, name, r)));
     });
   }
 

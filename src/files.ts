@@ -60,6 +60,27 @@ export function fileKind(st: FileType): string {
 export type Opened = { fd: number; st: Stats } | { refused: string; cause?: unknown };
 
 /**
+ * Why a guarded open failed, for the errno codes that mean "not a regular
+ * file" (swapped in after the look): ELOOP a symlink, ENXIO a FIFO without
+ * a reader or a socket, EISDIR a dir. null for any other code: a plain error.
+ * The one wording for openRegular and the addon's readFilesAt alike.
+ */
+export function refusedOpen(code: string | undefined): string | null {
+  if (code === 'ELOOP') return 'is a symlink (never followed)';
+  if (code === 'ENXIO') return 'is a FIFO or a socket';
+  if (code === 'EISDIR') return 'is a directory';
+  return null;
+}
+
+/** The refusal of a file the open's fstat found to be another than the one looked at. */
+export const REPLACED_WHILE_OPENING = 'was replaced while it was being opened';
+
+/** The refusal of a regular file larger than a reader's cap. */
+export function refusedSize(size: number, maxBytes: number): string {
+  return `is ${size} bytes, more than ${maxBytes}`;
+}
+
+/**
  * Opens a regular file with `flags` (plus O_NOFOLLOW | O_NONBLOCK |
  * O_NOCTTY). Whatever is at the path is looked at first and refused unopened
  * when it is not a regular file (opening a device can have effects of its
@@ -78,18 +99,16 @@ export function openRegular(path: string, flags: number, mode = 0o600): Opened {
   try {
     fd = openSync(path, flags | GUARD, mode);
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    // Swapped since the lstat: ELOOP a symlink, ENXIO a FIFO without a reader or a socket, EISDIR a dir.
-    if (code === 'ELOOP') return { refused: 'is a symlink (never followed)', cause: err };
-    if (code === 'ENXIO') return { refused: 'is a FIFO or a socket', cause: err };
-    if (code === 'EISDIR') return { refused: 'is a directory', cause: err };
+    // Swapped since the lstat.
+    const refused = refusedOpen((err as NodeJS.ErrnoException).code);
+    if (refused !== null) return { refused, cause: err };
     throw err;
   }
   const st = fstatSync(fd);
   const swapped = before !== null && (st.dev !== before.dev || st.ino !== before.ino);
   if (!st.isFile() || swapped) {
     closeSync(fd);
-    return { refused: swapped ? 'was replaced while it was being opened' : `is ${fileKind(st)}` };
+    return { refused: swapped ? REPLACED_WHILE_OPENING : `is ${fileKind(st)}` };
   }
   return { fd, st };
 }

@@ -27,7 +27,7 @@ import {
 import { homedir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { openRegular } from './files.js';
+import { openRegular, refusedSize } from './files.js';
 import {
   InvalidArgError,
   NoStateDirError,
@@ -69,7 +69,7 @@ export function readPlainFile(path: string, maxBytes: number): { data: Buffer } 
   if ('refused' in opened) return { problem: opened.refused };
   const { fd, st } = opened;
   try {
-    if (st.size > maxBytes) return { problem: `is ${st.size} bytes, more than ${maxBytes}` };
+    if (st.size > maxBytes) return { problem: refusedSize(st.size, maxBytes) };
     const buf = Buffer.alloc(st.size);
     let off = 0;
     while (off < buf.length) {

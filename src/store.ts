@@ -28,7 +28,15 @@ import type { Emit } from './events.js';
 import { StateLock } from './lock.js';
 import { backend } from './backend/index.js';
 import type { FileRead } from './backend/types.js';
-import { fileKind, typeKnown, typeOfMode, type FileType } from './files.js';
+import {
+  fileKind,
+  REPLACED_WHILE_OPENING,
+  refusedOpen,
+  refusedSize,
+  typeKnown,
+  typeOfMode,
+  type FileType,
+} from './files.js';
 import { errnoCode, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDir } from './statedir.js';
 import type { ProcessIdentity } from './types.js';
 import { pidMax } from './validate.js';
@@ -249,10 +257,7 @@ function readManifest(sd: StateDir, name: string): Manifest {
   try {
     dfd = openSync(sd.at(name), O_DIR);
   } catch (err) {
-    const code = errnoCode(err);
-    if (code === 'ENOTDIR' || code === 'ELOOP')
-      throw new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: err });
-    throw new BadManifestError(path, `instance dir unreadable (${code})`, { cause: err });
+    throw instanceDirError(path, err);
   }
   try {
     let r: ReturnType<typeof readPlainFile>;
@@ -269,6 +274,14 @@ function readManifest(sd: StateDir, name: string): Manifest {
   }
 }
 
+/** An instance dir that O_DIRECTORY | O_NOFOLLOW could not open, as readManifest and manifestFromRead both say it. */
+function instanceDirError(path: string, err: unknown): BadManifestError {
+  const code = errnoCode(err);
+  if (code === 'ENOTDIR' || code === 'ELOOP')
+    return new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: err });
+  return new BadManifestError(path, `instance dir unreadable (${code})`, { cause: err });
+}
+
 /**
  * readManifest's answer from what the backend's readFilesAt found at
  * <name>/manifest.json: the same manifest, or the same BadManifestError,
@@ -279,24 +292,19 @@ function manifestFromRead(sd: StateDir, name: string, r: FileRead): Manifest {
   if (Buffer.isBuffer(r)) return decodeManifest(r.toString('utf8'), path, name);
   if (!(r instanceof Error)) {
     const problem = r.swapped
-      ? 'was replaced while it was being opened'
+      ? REPLACED_WHILE_OPENING
       : !typeOfMode(r.mode).isFile()
         ? `is ${fileKind(typeOfMode(r.mode))}`
-        : `is ${r.size} bytes, more than ${MAX_MANIFEST_BYTES}`;
+        : refusedSize(r.size, MAX_MANIFEST_BYTES);
     throw new BadManifestError(path, `manifest ${problem}`);
   }
   const code = errnoCode(r);
   const { syscall } = r as NodeJS.ErrnoException;
-  if (syscall === 'opendir') {
-    if (code === 'ENOTDIR' || code === 'ELOOP')
-      throw new BadManifestError(path, 'instance dir is a symlink or not a directory', { cause: r });
-    throw new BadManifestError(path, `instance dir unreadable (${code})`, { cause: r });
-  }
+  if (syscall === 'opendir') throw instanceDirError(path, r);
   if (syscall === 'lstat' && code === 'ENOENT') throw new IncompleteInstanceError(path);
-  // Swapped between the lstat and the open, as openRegular says it.
-  if (syscall === 'open' && code === 'ELOOP')
-    throw new BadManifestError(path, 'manifest is a symlink (never followed)');
-  if (syscall === 'open' && code === 'ENXIO') throw new BadManifestError(path, 'manifest is a FIFO or a socket');
+  // Swapped between the lstat and the open.
+  const refused = syscall === 'open' ? refusedOpen(code) : null;
+  if (refused !== null) throw new BadManifestError(path, `manifest ${refused}`);
   throw new BadManifestError(path, `unreadable (${code})`, { cause: r });
 }
 

@@ -21,7 +21,7 @@ import {
   writeSync,
   type Stats,
 } from 'node:fs';
-import { lstat, rmdir, unlink } from 'node:fs/promises';
+import { type FileHandle, open, rmdir, unlink } from 'node:fs/promises';
 import { promisify } from 'node:util';
 import { BadManifestError, CustodyError, InvalidArgError, StateIOError, UnsafePathError } from './errors.js';
 import type { Emit } from './events.js';
@@ -419,7 +419,7 @@ export class StateStore {
     if (!readFilesAt) return names.map((name) => one(() => readManifest(sd, name)));
     // Only ids reach the disk: readManifest refuses any other name unread.
     const ids = names.filter(isValidId);
-    const batches: Array<Promise<FileRead[] | null>> = [];
+    const batches: Array<Promise<Array<FileRead | null> | null>> = [];
     for (let at = 0; at < ids.length; at += READ_BATCH) {
       const batch = ids.slice(at, at + READ_BATCH);
       // A batch that fails whole (ENOMEM) is read here instead, so each name still gets its own answer.
@@ -428,8 +428,15 @@ export class StateStore {
     const reads = new Map<string, FileRead>();
     let k = 0;
     for (const batch of await Promise.all(batches)) {
-      if (batch) for (const r of batch) reads.set(ids[k++] as string, r);
-      else k += READ_BATCH;
+      if (!batch) {
+        k += READ_BATCH;
+        continue;
+      }
+      for (const r of batch) {
+        const name = ids[k++] as string;
+        // null: left unread by a batch that had read its fill; read below.
+        if (r !== null) reads.set(name, r);
+      }
     }
     return names.map((name) => {
       const r = reads.get(name);
@@ -601,34 +608,52 @@ export class StateStore {
         });
         return { removed: false, left: [name] };
       }
-      let removed = pooled === 'manifest';
+      // The files go through this fd, so a symlink renamed to <name> after
+      // the lstat is never followed out of the state dir; only the last
+      // rmdir is by name (it removes nothing but an empty dir).
+      let dfd: number;
       try {
-        unlinkSync(`${at}/${MANIFEST}`);
-        removed = true;
-      } catch (err) {
-        if (errnoCode(err) !== 'ENOENT') throw err;
-      }
-      let left: string[] = [];
-      try {
-        rmdirSync(at);
-        removed = true;
+        dfd = openSync(at, O_DIR);
       } catch (err) {
         const code = errnoCode(err);
-        if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
-        const temps = removeTemps(at);
-        left = temps.left;
-        removed ||= temps.removed;
-        if (left.length === 0) {
+        if (code === 'ENOENT') return { removed: pooled === 'manifest', left: [] };
+        if (code !== 'ENOTDIR' && code !== 'ELOOP') throw err;
+        this.#emit('warning', { id: name, path: show, message: `${show} changed while it was removed; left alone` });
+        return { removed: pooled === 'manifest', left: [name] };
+      }
+      let removed = pooled === 'manifest';
+      let left: string[] = [];
+      try {
+        const base = pathOf(dfd, at);
+        try {
+          unlinkSync(`${base}/${MANIFEST}`);
+          removed = true;
+        } catch (err) {
+          if (errnoCode(err) !== 'ENOENT') throw err;
+        }
+        try {
           rmdirSync(at);
           removed = true;
-        } else {
-          this.#emit('warning', {
-            id: name,
-            path: show,
-            left,
-            message: `${show}: left ${left.map((n) => JSON.stringify(n)).join(', ')}, which custody did not write; the instance's own state is removed`,
-          });
+        } catch (err) {
+          const code = errnoCode(err);
+          if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
+          const temps = removeTemps(base);
+          left = temps.left;
+          removed ||= temps.removed;
+          if (left.length === 0) {
+            rmdirSync(at);
+            removed = true;
+          } else {
+            this.#emit('warning', {
+              id: name,
+              path: show,
+              left,
+              message: `${show}: left ${left.map((n) => JSON.stringify(n)).join(', ')}, which custody did not write; the instance's own state is removed`,
+            });
+          }
         }
+      } finally {
+        closeSync(dfd);
       }
       if (sync) await this.#sd.fsync();
       return { removed, left };
@@ -672,11 +697,21 @@ export class StateStore {
  * left to the careful path, which reports what it finds.
  */
 async function removeOnPool(at: string): Promise<'all' | 'manifest' | 'none'> {
+  // Each step waits its turn in the pool's queue, and anything may run
+  // meanwhile: the unlink goes through the dir the open pinned, never
+  // through a symlink renamed to the instance's name in between.
+  let dir: FileHandle;
   try {
-    if (!(await lstat(at)).isDirectory()) return 'none';
-    await unlink(`${at}/${MANIFEST}`);
+    dir = await open(at, O_DIR);
   } catch {
     return 'none';
+  }
+  try {
+    await unlink(`${pathOf(dir.fd, at)}/${MANIFEST}`);
+  } catch {
+    return 'none';
+  } finally {
+    await dir.close();
   }
   try {
     await rmdir(at);

@@ -10,8 +10,9 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { imageOf } from '../src/backend/procview.js';
 import { Supervisor } from '../src/index.js';
-import { MANIFEST_VERSION, StateStore, type StartingManifest } from '../src/store.js';
+import { StateStore, type StartingManifest } from '../src/store.js';
 import { expectNoLeaks } from './helpers/leaks.js';
+import { startingManifest } from './helpers/state.js';
 import { endOwn, isRoot, MARKER, type Own, startOf, tmpDir } from './helpers/procs.js';
 import { FIXTURES, PERL, PYTHON } from './helpers/supervisor.js';
 
@@ -34,33 +35,9 @@ async function interrupted(list: Array<Partial<StartingManifest>>): Promise<stri
   const dir = tmpDir('custody-forks-');
   const path = join(dir.path, 'state');
   const store = await StateStore.open(path, { emit: () => {}, create: true });
-  const now = new Date().toISOString();
   for (const [k, extra] of list.entries()) {
     const token = randomBytes(16).toString('hex');
-    await store.write({
-      version: MANIFEST_VERSION,
-      id: `i-${k}`,
-      token,
-      tokenMode: 'argv',
-      command: PERL,
-      args: ['-e', 'sleep 300', token, MARKER],
-      expect: [],
-      paths: [],
-      executable: null,
-      uid: null,
-      session: null,
-      cgroup: null,
-      pidSource: 'child',
-      pidFile: null,
-      createdAt: now,
-      updatedAt: now,
-      supervisorPid: 2 ** 22 + 1,
-      forkImage: null,
-      state: 'starting',
-      identity: null,
-      quarantine: null,
-      ...extra,
-    } as StartingManifest);
+    await store.write(startingManifest(`i-${k}`, token, { args: ['-e', 'sleep 300', token, MARKER], ...extra }));
   }
   store.close();
   return path;

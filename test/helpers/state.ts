@@ -6,7 +6,8 @@ import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ProcessIdentity } from '../../src/index.js';
-import { FIXTURES } from './supervisor.js';
+import { MANIFEST_VERSION, type StartingManifest } from '../../src/store.js';
+import { FIXTURES, PERL } from './supervisor.js';
 
 export const DIST = join(import.meta.dirname, '..', '..', 'dist', 'index.js');
 
@@ -126,4 +127,36 @@ export function fill01(name: string, vars: Record<string, string | number>): str
 export function write01(stateDir: string, id: string, text: string): void {
   mkdirSync(join(stateDir, id), { recursive: true, mode: 0o700 });
   writeFileSync(join(stateDir, id, 'manifest.json'), text, { mode: 0o600 });
+}
+
+/**
+ * The manifest a launch writes before it spawns (state 'starting'), of a
+ * supervisor long gone: what a crash mid-launch leaves. `extra` overrides.
+ */
+export function startingManifest(id: string, token: string, extra: Partial<StartingManifest> = {}): StartingManifest {
+  const now = new Date().toISOString();
+  return {
+    version: MANIFEST_VERSION,
+    id,
+    token,
+    tokenMode: 'argv',
+    command: PERL,
+    args: ['-e', 'sleep 300', token],
+    expect: [],
+    paths: [],
+    executable: null,
+    uid: null,
+    session: null,
+    cgroup: null,
+    pidSource: 'child',
+    pidFile: null,
+    createdAt: now,
+    updatedAt: now,
+    supervisorPid: 2 ** 22 + 1,
+    forkImage: null,
+    state: 'starting',
+    identity: null,
+    quarantine: null,
+    ...extra,
+  } as StartingManifest;
 }

@@ -601,8 +601,9 @@ class ProcWorker : public Napi::AsyncWorker {
     try {
       err_ = Run(&call_);
     } catch (const std::bad_alloc&) {
+      // operator new, so malloc, is the call that failed.
       err_ = ENOMEM;
-      call_ = "scan";
+      call_ = "malloc";
     }
   }
 
@@ -701,12 +702,19 @@ Napi::Value InspectPinnedMany(const Napi::CallbackInfo& info) {
 // the largest file it reads: a manifest is a few kilobytes.
 constexpr uint32_t kMaxReadBatch = 65536;
 constexpr int64_t kMaxReadBytes = 16 << 20;
+// The bytes one batch holds before it stops reading: a state dir filled
+// with files at the cap (someone else's doing) must not make a batch of
+// thousands hold gigabytes at once. The names past it are left unread, for
+// the caller to read one at a time; real manifests (a few KiB) never reach it.
+constexpr size_t kReadBatchBudget = 32 << 20;
 
 // One dir/<name>/<leaf>: its bytes, the errno of the call that failed, or
 // what is there instead of a regular file of at most the cap.
 struct FileRead {
   int err = 0;
   const char* call = "openat";
+  // Not read: the batch's byte budget was spent (see kReadBatchBudget).
+  bool skipped = false;
   bool refused = false;
   bool swapped = false;
   mode_t mode = 0;
@@ -720,8 +728,9 @@ struct FileRead {
 // AT_SYMLINK_NOFOLLOW) and never opened unless it is a regular file (the
 // open of a device can act on it), then opened O_NOFOLLOW|O_NONBLOCK (a
 // FIFO swapped in meanwhile cannot block the thread) and fstat'ed to be the
-// file lstat saw. Both fds are closed on every path.
-void ReadOne(int dirfd, const std::string& name, const std::string& leaf, size_t max, FileRead* out) {
+// file lstat saw. A file that would take the batch past `budget` bytes in
+// all is left unread (skipped). Both fds are closed on every path.
+void ReadOne(int dirfd, const std::string& name, const std::string& leaf, size_t max, size_t budget, FileRead* out) {
   int dfd = openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) {
     out->err = errno;
@@ -764,7 +773,20 @@ void ReadOne(int dirfd, const std::string& name, const std::string& leaf, size_t
     close(fd);
     return;
   }
-  out->data.resize(static_cast<size_t>(st.st_size));
+  if (static_cast<size_t>(st.st_size) > budget) {
+    out->skipped = true;
+    close(fd);
+    return;
+  }
+  try {
+    out->data.resize(static_cast<size_t>(st.st_size));
+  } catch (const std::bad_alloc&) {
+    // This name's failure, not the batch's: its fd is ours to close.
+    out->err = ENOMEM;
+    out->call = "malloc";
+    close(fd);
+    return;
+  }
   size_t off = 0;
   while (off < out->data.size()) {
     ssize_t n = pread(fd, &out->data[off], out->data.size() - off, static_cast<off_t>(off));
@@ -784,7 +806,8 @@ void ReadOne(int dirfd, const std::string& name, const std::string& leaf, size_t
 // readFilesAt(dirFd, names, leaf, maxBytes) -> Promise of an array, one entry
 // per name in order: a Buffer of <name>/<leaf>'s bytes; the Error of the call
 // that failed (syscall "opendir" for <name> itself); or, for what is not a
-// regular file of at most maxBytes, { mode, size, swapped }. On the threadpool:
+// regular file of at most maxBytes, { mode, size, swapped }; null for a name
+// left unread once the batch holds kReadBatchBudget bytes. On the threadpool:
 // recovery reads thousands of manifests, seven syscalls each, before it can
 // decide anything. The caller keeps dirFd open until the promise settles.
 class ReadFilesWorker : public ProcWorker {
@@ -796,7 +819,11 @@ class ReadFilesWorker : public ProcWorker {
   int Run(const char** call) override {
     *call = "read";
     results_.resize(names_.size());
-    for (size_t k = 0; k < names_.size(); k++) ReadOne(dirfd_, names_[k], leaf_, max_, &results_[k]);
+    size_t held = 0;
+    for (size_t k = 0; k < names_.size(); k++) {
+      ReadOne(dirfd_, names_[k], leaf_, max_, kReadBatchBudget - held, &results_[k]);
+      held += results_[k].data.size();
+    }
     return 0;
   }
 
@@ -804,7 +831,9 @@ class ReadFilesWorker : public ProcWorker {
     Napi::Array out = Napi::Array::New(env, results_.size());
     for (uint32_t k = 0; k < results_.size(); k++) {
       FileRead& r = results_[k];
-      if (r.err != 0) {
+      if (r.skipped) {
+        out.Set(k, env.Null());
+      } else if (r.err != 0) {
         out.Set(k, ErrnoError(env, r.err, r.call).Value());
       } else if (r.refused) {
         Napi::Object o = Napi::Object::New(env);
@@ -846,7 +875,11 @@ Napi::Value ReadFilesAt(const Napi::CallbackInfo& info) {
   int dirfd = ArgFd(info, 0);
   if (info.Length() < 2 || !info[1].IsArray()) throw Napi::TypeError::New(env, "names must be an array");
   Napi::Array arr = info[1].As<Napi::Array>();
-  if (arr.Length() > kMaxReadBatch) throw Napi::RangeError::New(env, "names: at most 65536 in one batch");
+  if (arr.Length() > kMaxReadBatch) {
+    Napi::Error err = Napi::RangeError::New(env, "names: at most 65536 in one batch");
+    err.Set("code", Napi::String::New(env, "ERR_OUT_OF_RANGE"));
+    throw err;
+  }
   std::vector<std::string> names;
   names.reserve(arr.Length());
   for (uint32_t k = 0; k < arr.Length(); k++) names.push_back(ComponentValue(env, arr.Get(k), "name"));

@@ -213,10 +213,40 @@ describe(`readFilesAt: state files read on the threadpool (${backend.name})`, ()
         code: 'ERR_OUT_OF_RANGE',
       });
       await expect(backend.readFilesAt(dirFd, [], 'm.json', 64)).resolves.toEqual([]);
+      await expect(async () =>
+        backend.readFilesAt?.(
+          dirFd,
+          Array.from({ length: 65537 }, () => 'plain'),
+          'm.json',
+          64,
+        ),
+      ).rejects.toMatchObject({ code: 'ERR_OUT_OF_RANGE' });
     } finally {
       if (dirFd >= 0) closeSync(dirFd);
       rmSync(root, { recursive: true, force: true });
       rmSync(outside, { recursive: true, force: true });
+    }
+  });
+
+  it('stops reading once a batch holds 32 MiB: the names past it come back null, unread', async () => {
+    if (!backend.readFilesAt) {
+      expect(backend.name).toBe('js');
+      return;
+    }
+    const root = mkdtempSync(join(tmpdir(), 'custody-readfiles-'));
+    let dirFd = -1;
+    try {
+      const names = ['a', 'b', 'c', 'small'];
+      for (const n of names) {
+        mkdirSync(join(root, n));
+        writeFileSync(join(root, n, 'm.json'), n === 'small' ? 'small' : Buffer.alloc(16 << 20, 0x20));
+      }
+      dirFd = openSync(root, fsc.O_RDONLY | fsc.O_DIRECTORY);
+      const rows = await backend.readFilesAt(dirFd, names, 'm.json', 16 << 20);
+      expect(rows.map((r) => (Buffer.isBuffer(r) ? r.length : r))).toEqual([16 << 20, 16 << 20, null, null]);
+    } finally {
+      if (dirFd >= 0) closeSync(dirFd);
+      rmSync(root, { recursive: true, force: true });
     }
   });
 });

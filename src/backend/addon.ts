@@ -53,8 +53,8 @@ export interface NativeAddon {
   inspect(pid: number, procRoot?: string, keepPidfd?: boolean): AddonInspect;
   /** inspect(pid, '/proc', true) of each pid on the threadpool: its array (pidfd handed over) or its errno Error. */
   inspectPinnedMany(pids: number[]): Promise<Array<AddonInspect | Error>>;
-  /** <name>/<leaf> under dirFd for each name, on the threadpool: its bytes, its errno Error, or what is there instead. */
-  readFilesAt(dirFd: number, names: string[], leaf: string, maxBytes: number): Promise<Array<FileRead>>;
+  /** <name>/<leaf> under dirFd for each name, on the threadpool: its bytes, its errno Error, what is there instead, or null (unread: the batch's 32 MiB were spent). */
+  readFilesAt(dirFd: number, names: string[], leaf: string, maxBytes: number): Promise<Array<FileRead | null>>;
   readBootId(path?: string): string;
   /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
   decodeBytes(bytes: Buffer): string;

@@ -492,7 +492,12 @@ export class NativeBackend extends ProcReads implements Backend {
     });
   }
 
-  readFilesAt(dirFd: number, names: readonly string[], leaf: string, maxBytes: number): Promise<FileRead[]> {
+  readFilesAt(
+    dirFd: number,
+    names: readonly string[],
+    leaf: string,
+    maxBytes: number,
+  ): Promise<Array<FileRead | null>> {
     return this.#addon.readFilesAt(dirFd, [...names], leaf, maxBytes);
   }
 

@@ -172,10 +172,16 @@ export interface Backend {
    * its bytes; the errno Error of the call that failed (syscall "opendir"
    * for <name> itself, "lstat" or "open" for the leaf); or, for what is not a
    * regular file of at most maxBytes, its mode and size (swapped: replaced
-   * between the lstat and the open). Native only; at most 65536 names. The
-   * caller keeps dirFd open until the promise settles.
+   * between the lstat and the open); or null, unread, once the batch holds
+   * 32 MiB (the caller reads those itself). Native only; at most 65536
+   * names. The caller keeps dirFd open until the promise settles.
    */
-  readFilesAt?(dirFd: number, names: readonly string[], leaf: string, maxBytes: number): Promise<FileRead[]>;
+  readFilesAt?(
+    dirFd: number,
+    names: readonly string[],
+    leaf: string,
+    maxBytes: number,
+  ): Promise<Array<FileRead | null>>;
   /** PR_SET_CHILD_SUBREAPER for this process; false where the backend cannot. */
   setChildSubreaper(on: boolean): boolean;
   /** Whether pid is a child this backend spawned and will reap itself (never to be reaped by anyone else). */

@@ -86,6 +86,8 @@ export interface RecoveryHost {
   adopt(manifest: RunningManifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): void;
   quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void;
   defer(id: string, error: Error): void;
+  /** Recovery cleaned this id's state (or found none of custody's): a deferral of it is over. */
+  forget(id: string): void;
 }
 
 /** A process read under a pin; `environ` reads its environment under the same pin. */
@@ -567,6 +569,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       .then(
         () => {
           const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason: o.reason };
+          host.forget(m.id);
           report.cleaned.push(entry);
           emit('clean', { ...entry, message: `${m.id}: ${o.reason}; state cleaned, nothing signalled` });
         },
@@ -790,7 +793,9 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
       }
       case 'clean':
         // Nothing of custody's there (files a user left): nothing to report.
-        if (!(await store.remove(id)).removed) return;
+        const { removed } = await store.remove(id);
+        host.forget(id);
+        if (!removed) return;
         report.cleaned.push({ id, reason: 'incomplete' });
         emit('clean', {
           id,

@@ -244,6 +244,8 @@ export class Supervisor {
   #cgroups: CgroupRoot | null = null;
   /** Cgroups of launches in flight (made before their manifest is written). */
   readonly #launching = new Set<string>();
+  /** Ids a recover() is judging now; launch refuses them until it is done. */
+  readonly #recovering = new Set<string>();
   /** The sd_notify sockets of running instances launched with ready: 'notify'. */
   #notifiers = new Set<NotifyChannel>();
 
@@ -321,6 +323,24 @@ export class Supervisor {
   #recover(): Promise<RecoveryReport> {
     // The adopted instances' logs are checked against their caps once recovery is done.
     const release = this.#logs.holdFirstChecks();
+    // The ids this recovery judges: a launch of one meanwhile is refused
+    // (its manifest would be written over the one being judged, and
+    // cleaning that would take the new launch's state with it).
+    const judging: string[] = [];
+    const done = () => {
+      for (const id of judging) this.#recovering.delete(id);
+      try {
+        // A deferred id whose state is gone altogether has nothing left to decide.
+        if (!this.#closed && [...this.#table.values()].some((t) => t.status === 'deferred')) {
+          const present = new Set(this.#store.ids());
+          for (const [id, t] of this.#table) if (t.status === 'deferred' && !present.has(id)) this.#table.delete(id);
+        }
+      } catch {
+        // The state dir unlistable now: the deferrals stay for the next recover().
+      } finally {
+        release();
+      }
+    };
     return recover({
       store: this.#store,
       emit: this.#emit,
@@ -333,13 +353,21 @@ export class Supervisor {
             pinnedOf(t)?.cgroup?.path === path || (t.status === 'quarantined' && t.manifest?.cgroup?.path === path),
         ),
       wants: (id) => {
+        // Not one another recover() is judging right now.
+        if (this.#recovering.has(id)) return false;
         const t = this.#table.get(id);
-        return !t || t.status === 'deferred';
+        if (t && t.status !== 'deferred') return false;
+        this.#recovering.add(id);
+        judging.push(id);
+        return true;
       },
       adopt: (m: Manifest, h: ProcessHandle, cg: InstanceCgroup | null) => void this.#track(m, h, cg),
       quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
       defer: (id, err) => this.#defer(id, err),
-    }).finally(release);
+      forget: (id) => {
+        if (this.#table.get(id)?.status === 'deferred') this.#table.delete(id);
+      },
+    }).finally(done);
   }
 
   /**
@@ -528,6 +556,8 @@ export class Supervisor {
     // Refused (ERR_CUSTODY_UNSUPPORTED) before anything exists where the root lacks a controller.
     this.#cgroups?.prepareLimits(limits);
     const { id } = spec;
+    if (this.#recovering.has(id))
+      throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is being recovered; launch it once recover() is done`);
     const existing = this.#table.get(id);
     if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
     if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);

@@ -348,6 +348,32 @@ describe(`recovery (${backend.name})`, () => {
     expect(again).toEqual({ adopted: [], repaired: [], cleaned: [], quarantined: [], deferred: [] });
   });
 
+  it('a launch of an id a recover() is judging is refused (ERR_CUSTODY_BUSY), and the recovery takes nothing of it', async () => {
+    // A manifest put back by hand (a restored backup) for a process that is
+    // gone: the recover() called for it cleans it while a launch of the same
+    // id is asked for. The launch must not write over the manifest being
+    // judged, nor lose its own state to the cleaning.
+    const s = await launchedThenClosed(['a']);
+    const saved = s.read('a');
+    process.kill(s.pids.a!, 'SIGKILL');
+    await waitFor(() => isGone(s.pids.a!), 5000, 'death');
+    const { supervisor } = await s.reopen();
+    expect(existsSync(join(s.stateDir, 'a'))).toBe(false);
+    mkdirSync(join(s.stateDir, 'a'));
+    s.write('a', saved);
+    const launchA = () =>
+      supervisor.launch({ id: 'a', command: PERL, args: (t) => ['-e', 'sleep 30', '--', t, MARKER] });
+    const [recovered, launched] = await Promise.allSettled([supervisor.recover(), launchA()]);
+    expect(recovered).toMatchObject({ status: 'fulfilled', value: { cleaned: [{ id: 'a', reason: 'gone' }] } });
+    expect(launched).toMatchObject({ status: 'rejected', reason: { code: 'ERR_CUSTODY_BUSY' } });
+    // Once it is done, the id is free, and a launch of it keeps its state.
+    const inst = await launchA();
+    cleanups.push(() => endOwn([inst.pid]));
+    expect(s.read('a')).toMatchObject({ state: 'running', identity: { pid: inst.pid } });
+    await supervisor.stop('a', { graceMs: 2000 });
+    expect(existsSync(join(s.stateDir, 'a'))).toBe(false);
+  });
+
   it('leaves the guard unarmed when the state dir cannot be read, so the next open retries', async () => {
     const dir = tmpDir('custody-guard-');
     cleanups.push(() => dir.cleanup());

@@ -301,7 +301,8 @@ function manifestFromRead(sd: StateDir, name: string, r: FileRead): Manifest {
   const code = errnoCode(r);
   const { syscall } = r as NodeJS.ErrnoException;
   if (syscall === 'opendir') throw instanceDirError(path, r);
-  if (syscall === 'lstat' && code === 'ENOENT') throw new IncompleteInstanceError(path);
+  // Gone by the lstat, or between it and the open: readManifest says the same of either.
+  if ((syscall === 'lstat' || syscall === 'open') && code === 'ENOENT') throw new IncompleteInstanceError(path);
   // Swapped between the lstat and the open.
   const refused = syscall === 'open' ? refusedOpen(code) : null;
   if (refused !== null) throw new BadManifestError(path, `manifest ${refused}`);

@@ -20,14 +20,17 @@
 // Part 2, growth: a Supervisor on a tmpfs state dir (/dev/shm, so fsync is
 // cheap and the loop is custody's own work) launches and stops a
 // short-lived process (idle 30 <marker> <token>) C times, each with a new
-// id; heap, RSS and fds are read (after gc) at the start and every C/10
-// cycles. The least-squares slope of the heap over the second half of the
-// run says whether it grows (the first half pays for warm-up, a decaying
-// curve). Idle children carry a marker the parent sweeps by afterwards.
+// id, after W unmeasured warm-up cycles of the same (V8 goes on compiling
+// and optimizing this loop's code for its first ~10 000 cycles: +118 KiB
+// of code and its metadata from cycle 3 000 to 9 000 in heap snapshots,
+// with every object count flat; that is not retention). Heap, RSS and fds
+// are read (after gc) at the start and every C/10 cycles. The least-squares
+// slope of the heap over the second half of the run says whether it grows.
+// Idle children carry a marker the parent sweeps by afterwards.
 //
 // Every measurement runs in its own worker (node --expose-gc, ulimit -n 65536):
 //   node bench/memory.js --worker hold <native|js|child_process|supervisor-native|supervisor-js> <idle bin> <marker> <n> <rounds> <state dir>
-//   node bench/memory.js --worker cycles <native|js> <idle bin> <marker> <cycles> <every> <state dir>
+//   node bench/memory.js --worker cycles <native|js> <idle bin> <marker> <cycles> <every> <warm-up> <state dir>
 import { spawn as cpSpawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import os from 'node:os';
@@ -58,11 +61,11 @@ const GROWTH_SLOPE_MAX = 16;
 const GROWTH_MIN_BYTES = 256 * 1024;
 
 // Quick: 300 held, 600 cycles (~8 s in all); full: 5 000 held, 10 000
-// cycles (~2.5 min on a 2-CPU VM: ~3 ms per supervised launch, ~0.7 ms per
-// native launch+stop on tmpfs, ~3 ms on js).
+// cycles after 10 000 of warm-up (~4 min on a 2-CPU VM: ~3 ms per
+// supervised launch, ~0.7 ms per native launch+stop on tmpfs, ~3 ms on js).
 const PARAMS = {
-  quick: { hold: 300, holdRounds: 2, cycles: 600, every: 50, printEvery: 200 },
-  full: { hold: 5000, holdRounds: 2, cycles: 10000, every: 1000, printEvery: 2000 },
+  quick: { hold: 300, holdRounds: 2, cycles: 600, warmup: 300, every: 50, printEvery: 200 },
+  full: { hold: 5000, holdRounds: 2, cycles: 10000, warmup: 10000, every: 1000, printEvery: 2000 },
 };
 
 const HOLD_VARIANTS = [
@@ -89,7 +92,7 @@ function tmpfsDir(what) {
 export async function run({ quick = false } = {}) {
   const params = PARAMS[quick ? 'quick' : 'full'];
   const idleBin = buildC('idle');
-  const timeoutMs = 120_000 + params.hold * params.holdRounds * 20 + params.cycles * 20;
+  const timeoutMs = 120_000 + params.hold * params.holdRounds * 20 + (params.warmup + params.cycles) * 20;
   const self = fileURLToPath(import.meta.url);
   const loadBefore = os.loadavg();
   const cpuBefore = cpuTicks();
@@ -120,7 +123,8 @@ export async function run({ quick = false } = {}) {
     const dir = tmpfsDir('cycles');
     const marker = newMarker('cycles');
     try {
-      const res = await runWorkerNofile(self, ['cycles', backend, idleBin, marker, params.cycles, params.every, dir], {
+      const args = ['cycles', backend, idleBin, marker, params.cycles, params.every, params.warmup, dir];
+      const res = await runWorkerNofile(self, args, {
         env: { CUSTODY_BACKEND: backend },
         timeoutMs,
       });
@@ -199,10 +203,10 @@ function slope(pts, field) {
 }
 
 /**
- * Whether the heap grows: the slope over the second half of the run (the
- * first half pays for warm-up: optimized code, inline caches and tables
- * that grow to their working size, a decaying curve), and the growth from
- * the first checkpoint after the start to the last.
+ * Whether the heap grows: the slope over the second half of the run (what
+ * is left of the warm-up, tables that grow to their working size, decays
+ * in the first), and the growth from the first checkpoint after the start
+ * to the last.
  */
 function growth(checkpoints, cycles) {
   const late = checkpoints.filter((p) => p.cycle >= cycles / 2);
@@ -287,7 +291,7 @@ export function report(results) {
       holdRows,
     ),
     '',
-    `  growth: ${params.cycles.toLocaleString('en-US')} Supervisor launch+stop cycles, a new id each (idle 30 <marker> <token>, state on ${params.stateDir}), read after gc`,
+    `  growth: ${params.cycles.toLocaleString('en-US')} Supervisor launch+stop cycles after ${params.warmup.toLocaleString('en-US')} unmeasured ones, a new id each (idle 30 <marker> <token>, state on ${params.stateDir}), read after gc`,
     formatTable(
       [
         'backend',
@@ -466,9 +470,9 @@ async function holdWorker([variant, idleBin, marker, nArg, roundsArg, stateDir])
   );
 }
 
-async function cyclesWorker([backend, idleBin, marker, cyclesArg, everyArg, stateDirBase]) {
+async function cyclesWorker([backend, idleBin, marker, cyclesArg, everyArg, warmupArg, stateDirBase]) {
   if (typeof globalThis.gc !== 'function') throw new Error('run with --expose-gc');
-  const [cycles, every] = [cyclesArg, everyArg].map(Number);
+  const [cycles, every, warmup] = [cyclesArg, everyArg, warmupArg].map(Number);
   const custody = await loadCustody(backend);
   const stateDir = join(stateDirBase, 'state');
   const { supervisor } = await custody.Supervisor.open({ stateDir, onEvent: () => {} });
@@ -483,14 +487,18 @@ async function cyclesWorker([backend, idleBin, marker, cyclesArg, everyArg, stat
       tracked: supervisor.list().length,
     });
   };
-  await checkpoint(0);
-  const t0 = performance.now();
+  const cycle = async (id) => {
+    await supervisor.launch({ id, command: idleBin, args: (token) => ['30', marker, token] });
+    const r = await supervisor.stop(id, { graceMs: 5000 });
+    if (r.outcome !== 'exited' || r.escalated) throw new Error(`cycle ${id}: stop gave ${JSON.stringify(r)}`);
+  };
+  let t0 = 0;
   try {
+    for (let i = 1; i <= warmup; i++) await cycle(`w${i}`);
+    await checkpoint(0);
+    t0 = performance.now();
     for (let i = 1; i <= cycles; i++) {
-      const id = `c${i}`;
-      await supervisor.launch({ id, command: idleBin, args: (token) => ['30', marker, token] });
-      const r = await supervisor.stop(id, { graceMs: 5000 });
-      if (r.outcome !== 'exited' || r.escalated) throw new Error(`cycle ${i}: stop gave ${JSON.stringify(r)}`);
+      await cycle(`c${i}`);
       if (i % every === 0) await checkpoint(i);
     }
   } finally {

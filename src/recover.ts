@@ -791,7 +791,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
         entry.field = o.field;
         return;
       }
-      case 'clean':
+      case 'clean': {
         // Nothing of custody's there (files a user left): nothing to report.
         const { removed } = await store.remove(id);
         host.forget(id);
@@ -803,6 +803,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
           message: `${id}: an interrupted first write left no manifest; nothing was ever spawned; cleaned`,
         });
         return;
+      }
       default:
         throw new Error(`recovery cannot ${o.do} an unreadable manifest`);
     }

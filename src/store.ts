@@ -589,38 +589,18 @@ export class StateStore {
     const pooled = sync ? 'none' : await removeOnPool(at);
     if (pooled === 'all') return { removed: true, left: [] };
     try {
-      let st: Stats;
-      try {
-        st = lstatSync(at);
-      } catch (err) {
-        if (errnoCode(err) === 'ENOENT') return { removed: false, left: [] };
-        throw err;
-      }
-      if (st.isSymbolicLink()) {
-        unlinkSync(at);
-        if (sync) await this.#sd.fsync();
-        return { removed: true, left: [] };
-      }
-      if (!st.isDirectory()) {
-        this.#emit('warning', {
-          id: name,
-          path: show,
-          message: `${show} is ${fileKind(st)} custody did not write; left alone`,
-        });
-        return { removed: false, left: [name] };
-      }
-      // The files go through this fd, so a symlink renamed to <name> after
-      // the lstat is never followed out of the state dir; only the last
-      // rmdir is by name (it removes nothing but an empty dir).
+      // The dir is opened first, never followed: the files go through this
+      // fd, so a symlink renamed to <name> meanwhile is never followed out of
+      // the state dir; only the last rmdir is by name (it removes nothing but
+      // an empty dir). What is not a dir is looked at only then.
       let dfd: number;
       try {
         dfd = openSync(at, O_DIR);
       } catch (err) {
         const code = errnoCode(err);
-        if (code === 'ENOENT') return { removed: pooled === 'manifest', left: [] };
+        if (code === 'ENOENT') return { removed: false, left: [] };
         if (code !== 'ENOTDIR' && code !== 'ELOOP') throw err;
-        this.#emit('warning', { id: name, path: show, message: `${show} changed while it was removed; left alone` });
-        return { removed: pooled === 'manifest', left: [name] };
+        return await this.#removeNonDir(name, at, sync, pooled === 'manifest');
       }
       let removed = pooled === 'manifest';
       let left: string[] = [];
@@ -662,6 +642,33 @@ export class StateStore {
       if (err instanceof CustodyError) throw err;
       throw new StateIOError(`cannot remove the state of ${name}`, err);
     }
+  }
+
+  /** <name> is not a dir: a symlink custody may unlink (never followed), or something it did not write, left. */
+  async #removeNonDir(
+    name: string,
+    at: string,
+    sync: boolean,
+    removedSoFar: boolean,
+  ): Promise<{ removed: boolean; left: string[] }> {
+    const show = this.#sd.show(name);
+    let st: Stats;
+    try {
+      st = lstatSync(at);
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') return { removed: removedSoFar, left: [] };
+      throw err;
+    }
+    if (st.isSymbolicLink()) {
+      unlinkSync(at);
+      if (sync) await this.#sd.fsync();
+      return { removed: true, left: [] };
+    }
+    const message = st.isDirectory()
+      ? `${show} changed while it was removed; left alone`
+      : `${show} is ${fileKind(st)} custody did not write; left alone`;
+    this.#emit('warning', { id: name, path: show, message });
+    return { removed: removedSoFar, left: [name] };
   }
 
   /** Makes earlier removals durable: one fsync of the state dir. */

@@ -19,6 +19,32 @@ expectNoLeaks();
 
 const starting = (id: string) => startingManifest(id, 'a'.repeat(32));
 
+/** A readMany() entry as answer() words it. */
+const answerOf = (r: unknown) =>
+  answer(() => {
+    if (r instanceof Error) throw r;
+    return r;
+  });
+
+/** A new store in a temp dir for `body`; the dir is removed after, whatever happens. */
+async function inStore(
+  body: (store: StateStore, state: string, root: string, events: Array<{ type: string }>) => Promise<void>,
+): Promise<void> {
+  const dir = tmpDir('custody-batch-');
+  try {
+    const state = join(dir.path, 'state');
+    const events: Array<{ type: string }> = [];
+    const store = await StateStore.open(state, { emit: (type) => events.push({ type }), create: true });
+    try {
+      await body(store, state, dir.path, events);
+    } finally {
+      store.close();
+    }
+  } finally {
+    dir.cleanup();
+  }
+}
+
 /** What read() says of a name: its manifest's id, or its error's class and message. */
 function answer(read: () => unknown): string {
   try {
@@ -30,47 +56,35 @@ function answer(read: () => unknown): string {
 }
 
 describe(`batched removal (${backend.name})`, () => {
-  it('never follows an instance dir swapped for a symlink while its removal waits in the pool', async () => {
-    const dir = tmpDir('custody-batch-');
-    try {
-      const state = join(dir.path, 'state');
-      const outside = join(dir.path, 'outside');
+  it('never follows an instance dir swapped for a symlink while its removal waits in the pool', () =>
+    inStore(async (store, state, root) => {
+      const outside = join(root, 'outside');
       mkdirSync(outside);
       writeFileSync(join(outside, 'manifest.json'), 'not custody state');
-      const store = await StateStore.open(state, { emit: () => {}, create: true });
       await store.write(starting('x'));
       // The removal's first step is queued first and runs; then the pool's
       // threads are blocked, so its next step runs only once they are
       // released, after the swap.
       const removal = store.remove('x', { sync: false });
-      const pool = holdThreadpool(dir.path);
+      const pool = holdThreadpool(root);
       await sleep(200);
-      renameSync(join(state, 'x'), join(dir.path, 'x-moved'));
+      renameSync(join(state, 'x'), join(root, 'x-moved'));
       symlinkSync(outside, join(state, 'x'));
       pool.release();
       await pool.drained;
       await removal;
-      store.close();
       expect(existsSync(join(outside, 'manifest.json'))).toBe(true);
-    } finally {
-      dir.cleanup();
-    }
-  });
+    }));
 
-  it('removes an instance dir the pooled way and the careful way alike', async () => {
-    const dir = tmpDir('custody-batch-');
-    try {
-      const state = join(dir.path, 'state');
-      const events: Array<{ type: string }> = [];
-      const store = await StateStore.open(state, { emit: (type) => events.push({ type }), create: true });
+  it('removes an instance dir the pooled way and the careful way alike', () =>
+    inStore(async (store, state, root, events) => {
       for (const id of ['plain', 'extra', 'link']) await store.write(starting(id));
       // A file custody did not write stays, with a warning; a symlinked instance dir goes as a link.
       writeFileSync(join(state, 'extra', 'operator-notes'), 'mine');
       rmSync(join(state, 'link'), { recursive: true });
-      symlinkSync(dir.path, join(state, 'link'));
+      symlinkSync(root, join(state, 'link'));
       const results = await Promise.all(['plain', 'extra', 'link'].map((id) => store.remove(id, { sync: false })));
       await store.syncDir();
-      store.close();
       expect(results).toEqual([
         { removed: true, left: [] },
         { removed: true, left: ['operator-notes'] },
@@ -80,20 +94,14 @@ describe(`batched removal (${backend.name})`, () => {
       expect(existsSync(join(state, 'extra', 'operator-notes'))).toBe(true);
       expect(existsSync(join(state, 'extra', 'manifest.json'))).toBe(false);
       expect(existsSync(join(state, 'link'))).toBe(false);
-      expect(existsSync(dir.path)).toBe(true);
+      expect(existsSync(root)).toBe(true);
       expect(events.filter((e) => e.type === 'warning')).toHaveLength(1);
-    } finally {
-      dir.cleanup();
-    }
-  });
+    }));
 });
 
 describe(`readMany answers as read() does (${backend.name})`, () => {
-  it('for every kind of thing found where a manifest should be', async () => {
-    const dir = tmpDir('custody-batch-');
-    try {
-      const state = join(dir.path, 'state');
-      const store = await StateStore.open(state, { emit: () => {}, create: true });
+  it('for every kind of thing found where a manifest should be', () =>
+    inStore(async (store, state) => {
       const names = ['good', 'fifo', 'leaflink', 'leafdir', 'big', 'empty', 'json', 'none', 'dirlink', 'notdir'];
       for (const id of names) if (id !== 'dirlink' && id !== 'notdir') await store.write(starting(id));
       const m = (id: string) => join(state, id, 'manifest.json');
@@ -115,27 +123,15 @@ describe(`readMany answers as read() does (${backend.name})`, () => {
         rmSync(m('device'));
         execFileSync('mknod', [m('device'), 'c', '1', '3']);
       }
-      const many = await store.readMany(names);
+      const got = (await store.readMany(names)).map(answerOf);
       const expected = names.map((n) => answer(() => store.read(n)));
-      const got = many.map((r) =>
-        answer(() => {
-          if (r instanceof Error) throw r;
-          return r;
-        }),
-      );
-      store.close();
       expect(got).toEqual(expected);
       // Only the good one was read; every other kind was refused.
       expect(expected.filter((a) => a.startsWith('manifest '))).toEqual(['manifest good']);
-    } finally {
-      dir.cleanup();
-    }
-  });
-  it('for a state dir of manifests near the size cap: what a batch leaves unread is read one by one', async () => {
-    const dir = tmpDir('custody-batch-');
-    try {
-      const state = join(dir.path, 'state');
-      const store = await StateStore.open(state, { emit: () => {}, create: true });
+    }));
+
+  it('for a state dir of manifests near the size cap: what a batch leaves unread is read one by one', () =>
+    inStore(async (store, state) => {
       // 40 valid manifests padded with whitespace to just under 1 MiB: more
       // than a native batch holds (32 MiB), so some come back unread.
       const ids = Array.from({ length: 40 }, (_, i) => `big-${i}`);
@@ -145,18 +141,6 @@ describe(`readMany answers as read() does (${backend.name})`, () => {
         const text = readFileSync(path, 'utf8');
         writeFileSync(path, text + ' '.repeat(1024 * 1024 - Buffer.byteLength(text) - 1));
       }
-      const many = await store.readMany(ids);
-      store.close();
-      expect(
-        many.map((r) =>
-          answer(() => {
-            if (r instanceof Error) throw r;
-            return r;
-          }),
-        ),
-      ).toEqual(ids.map((id) => `manifest ${id}`));
-    } finally {
-      dir.cleanup();
-    }
-  });
+      expect((await store.readMany(ids)).map(answerOf)).toEqual(ids.map((id) => `manifest ${id}`));
+    }));
 });

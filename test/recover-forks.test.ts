@@ -88,6 +88,9 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
   it('a fork that execs a launcher which forks the target and exits at once: the target is adopted', async () => {
     const token = randomBytes(16).toString('hex');
     const args = ['-e', 'exit 0 if fork; sleep 30', token, MARKER];
+    // Dated before the fork exists, as a launch writes its manifest before it spawns: a fork that seems
+    // to predate its launch is no launch's child, and a slow write here must not make it seem so.
+    const createdAt = new Date().toISOString();
     // The "supervisor": its fork waits 1 s before it execs the launcher, as a launch's child sits before its exec.
     const sup = spawn(
       PYTHON,
@@ -110,6 +113,8 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
         executable: PERL,
         supervisorPid: sup.pid!,
         forkImage: imageOf(sup.pid!)!,
+        createdAt,
+        updatedAt: createdAt,
       },
     ]);
     sup.kill('SIGKILL');

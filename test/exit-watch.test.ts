@@ -10,11 +10,12 @@ import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
+import { ExitPoller, type PolledExit } from '../src/backend/js.js';
 import { exitWatchesOf, type NativeBackend } from '../src/backend/native.js';
 import { holdExit, releaseExit } from '../src/handle.js';
 import { spawn } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { isGone, procStat, waitFor } from './helpers/procs.js';
+import { isGone, killAndWait, procStat, sleeper, startOf, waitFor } from './helpers/procs.js';
 
 expectNoLeaks();
 
@@ -68,6 +69,79 @@ describe(`exit watching (${backend.name})`, () => {
       process.kill(pid, 'SIGKILL');
     } catch {
       // already gone
+    }
+  });
+});
+
+// The js backend's poller of non-children, driven tick by tick: its timer is
+// set to an hour so only the test's own tick() calls read. The processes are
+// real sleepers; "gone" is their /proc entry's start ticks, as in production.
+describe(`the js backend's exit poller (${backend.name})`, () => {
+  type Seen = PolledExit & { told: number };
+  const watched = (pid: number, startTicks = Number(startOf(pid))): Seen => ({
+    pid,
+    startTicks,
+    told: 0,
+    markExited() {
+      this.told++;
+    },
+  });
+  const hourly = (budgetMs: number) => new ExitPoller({ intervalMs: 3_600_000, budgetMs });
+
+  it('spreads a pass over ticks when the budget is spent, and sees every exit once', async () => {
+    const kids = Array.from({ length: 4 }, () => sleeper(60));
+    await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
+    const refs = kids.map((k) => watched(k.pid as number));
+    // A budget of 0 ms: one pid per tick, whatever the machine's speed.
+    const poller = hourly(0);
+    try {
+      for (const r of refs) poller.add(r);
+      expect([poller.tick(), poller.tick(), poller.tick(), poller.tick()]).toEqual([1, 1, 1, 1]);
+      expect(refs.map((r) => r.told)).toEqual([0, 0, 0, 0]);
+      await Promise.all(kids.map(killAndWait));
+      // The next pass tells them one tick at a time, in the order they were watched.
+      const told: string[] = [];
+      for (const _ of refs) {
+        expect(poller.tick()).toBe(1);
+        told.push(refs.map((r) => r.told).join(''));
+      }
+      expect(told).toEqual(['1000', '1100', '1110', '1111']);
+    } finally {
+      for (const r of refs) poller.delete(r);
+      await Promise.all(kids.map(killAndWait));
+    }
+  });
+
+  it('reads each pid once a tick, skips one unwatched mid-pass, and takes a new one at the next pass', async () => {
+    const kids = Array.from({ length: 3 }, () => sleeper(60));
+    await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
+    const [a, b, c] = kids.map((k) => watched(k.pid as number)) as [Seen, Seen, Seen];
+    // Two watches on one pid share its read; one with the wrong start ticks is a reused pid.
+    const aAgain = watched(a.pid);
+    const reused = watched(b.pid, b.startTicks + 1);
+    const unbounded = hourly(60_000);
+    const oneEach = hourly(0);
+    try {
+      for (const r of [a, aAgain, b, reused]) unbounded.add(r);
+      expect(unbounded.tick()).toBe(2);
+      expect([a.told, aAgain.told, b.told, reused.told]).toEqual([0, 0, 0, 1]);
+
+      oneEach.add(a);
+      oneEach.add(b);
+      expect(oneEach.tick()).toBe(1); // a: the pass is [a, b]
+      oneEach.delete(b);
+      oneEach.add(c);
+      await killAndWait(kids[2]!);
+      // b was unwatched and c came after the pass began: this tick ends the pass having read nothing.
+      expect(oneEach.tick()).toBe(0);
+      expect(oneEach.tick()).toBe(1); // the next pass: [a, c]
+      expect(c.told).toBe(0);
+      expect(oneEach.tick()).toBe(1);
+      expect(c.told).toBe(1);
+    } finally {
+      for (const r of [a, aAgain, b, reused]) unbounded.delete(r);
+      for (const r of [a, b, c]) oneEach.delete(r);
+      await Promise.all(kids.map(killAndWait));
     }
   });
 });

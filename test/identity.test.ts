@@ -3,7 +3,7 @@ import { mkdirSync, readFileSync, writeFileSync, symlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
-import { capabilities, inspect, spawn, verify } from '../src/index.js';
+import { capabilities, inspect, spawn, sweep, verify } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
 import { exited, killAndWait, procStat, sleeper, tmpDir, unusedPid, waitFor } from './helpers/procs.js';
 
@@ -66,6 +66,30 @@ describe(`inspect (${backend.name})`, () => {
       h.close();
     }
   });
+
+  // /proc files are read through a 32 KiB scratch buffer, and again whole when
+  // one fills it: an argv just under, exactly at and far over that size must
+  // come back byte for byte, to inspect() and to sweep's argv-first scan.
+  it.each([32 * 1024 - 1, 32 * 1024, 32 * 1024 + 1, 100 * 1024])(
+    'reads a %i-byte cmdline whole, for inspect and for an exact-argv sweep',
+    async (bytes) => {
+      const head = ['/bin/sh', '-c', 'read x', 'sh'];
+      const used = head.reduce((n, a) => n + a.length + 1, 0);
+      // The last argument fills the cmdline to `bytes`, its NUL included; a marker keeps it ours alone.
+      const mark = `custody-big-argv-${process.pid}-${bytes}-`;
+      const argv = [...head, mark.padEnd(bytes - used - 1, 'x')];
+      const child = cpSpawn(argv[0]!, argv.slice(1), { stdio: ['pipe', 'ignore', 'ignore'] });
+      try {
+        await waitFor(() => procStat(child.pid!)?.[0] === 'S', 5000, 'sh to wait on its stdin');
+        expect(readFileSync(`/proc/${child.pid}/cmdline`).length).toBe(bytes);
+        expect(inspect(child.pid!).argv).toEqual(argv);
+        const swept = await sweep({ argv, dryRun: true });
+        expect(swept.matched.map((m) => m.pid)).toEqual([child.pid]);
+      } finally {
+        await killAndWait(child);
+      }
+    },
+  );
 
   it('throws ESRCH for a pid with no process', () => {
     expect(() => inspect(unusedPid())).toThrow(expect.objectContaining({ code: 'ESRCH' }));

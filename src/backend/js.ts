@@ -22,7 +22,7 @@ import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { type ErrnoCode, errnoError, isErrnoCode, NotAProcessError, UnsupportedError } from '../errors.js';
 import { parseLayout, parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
-import { assertOwnProc, ownPidNs, ProcReads } from './procview.js';
+import { assertOwnProc, ownPidNs, ProcReads, readProcBytes, readProcText } from './procview.js';
 import { UNKNOWN_EXIT } from '../signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
@@ -35,18 +35,21 @@ const vanished = (err: unknown) => {
   return code === 'ENOENT' || code === 'ESRCH';
 };
 
-/** Reads one /proc file; ENOENT/ESRCH of a vanished process become ESRCH, every other error stays what it is. */
-function readProc(path: string, pid: number): Buffer {
+/** A read of pid's /proc; ENOENT/ESRCH of a vanished process become ESRCH, every other error stays what it is. */
+function ofProcess<T>(pid: number, read: () => T): T {
   try {
-    return readFileSync(path);
+    return read();
   } catch (err) {
     if (vanished(err)) throw esrch(pid, 'read');
     throw err;
   }
 }
 
+const readProc = (path: string, pid: number): Buffer => ofProcess(pid, () => readProcBytes(path));
+const readProcString = (path: string, pid: number): string => ofProcess(pid, () => readProcText(path));
+
 function readStat(path: string, pid: number): StatFields {
-  const stat = parseStat(readProc(path, pid).toString('latin1'));
+  const stat = parseStat(readProcString(path, pid));
   if (!stat) throw errnoError('EPROTO', 'read', path, 'unparseable');
   return stat;
 }
@@ -69,7 +72,7 @@ function liveThread(dir: string, pid: number): { dir: string; state: string } | 
   for (const tid of tids) {
     if (tid === String(pid)) continue;
     try {
-      const st = parseStat(readFileSync(`${dir}/task/${tid}/stat`, 'latin1'));
+      const st = parseStat(readProcText(`${dir}/task/${tid}/stat`));
       if (st && !isDead(st.state)) return { dir: `${dir}/task/${tid}`, state: st.state };
     } catch (err) {
       if (!vanished(err)) throw err;
@@ -113,7 +116,7 @@ function readExe(dir: string): RawIdentity['exe'] {
 /** The start ticks of a live process; null when there is none or it has exited (a zombie with no live thread). */
 function readStartTicks(pid: number, procRoot: string): number | null {
   try {
-    const st = parseStat(readFileSync(`${procRoot}/${pid}/stat`, 'latin1'));
+    const st = parseStat(readProcText(`${procRoot}/${pid}/stat`));
     if (!st) return null;
     if (isDead(st.state) && liveThread(`${procRoot}/${pid}`, pid) === null) return null;
     return st.startTicks;
@@ -137,10 +140,10 @@ export interface PolledExit {
  * pass over the watched pids may span ticks: each tick reads for at most
  * `budgetMs` and the next one resumes where it stopped, so a supervisor
  * holding thousands of adopted instances keeps its event loop. Reading all
- * of 5 000 every 50 ms took ~150 ms per tick (a /proc stat is ~30 µs here):
- * three quarters of the thread, for ever, and a third of what recovery
- * spent. Now a pass over N takes about N × 30 µs / budgetMs ticks, and an
- * exit is seen within one pass (within one tick up to ~150 watched).
+ * of 5 000 every 50 ms took ~150 ms per tick: three quarters of the thread,
+ * for ever, and a third of what recovery spent. Now a pass over N takes
+ * about N × 15 µs (one stat read) / budgetMs ticks, and an exit is seen
+ * within one pass (within one tick up to a few hundred watched).
  * @internal exported for its tests
  */
 export class ExitPoller {
@@ -445,7 +448,7 @@ export class JsBackend extends ProcReads implements Backend {
       }
       const cmdline = readProc(`${src}/cmdline`, pid);
       const exe = readExe(src);
-      const status = readProc(`${dir}/status`, pid).toString('latin1');
+      const status = readProcString(`${dir}/status`, pid);
       const tgid = parseStatusField(status, 'Tgid');
       if (tgid !== pid) throw new NotAProcessError(pid, tgid);
       const processPidNs = readPidNs(src, status);
@@ -510,11 +513,11 @@ export class JsBackend extends ProcReads implements Backend {
     for (const name of readdirSync(procRoot)) {
       if (name.charCodeAt(0) < 49 || name.charCodeAt(0) > 57) continue;
       try {
-        let raw = readFileSync(`${procRoot}/${name}/cmdline`);
+        let raw = readProcBytes(`${procRoot}/${name}/cmdline`);
         if (raw.length === 0) {
-          const st = parseStat(readFileSync(`${procRoot}/${name}/stat`, 'latin1'));
+          const st = parseStat(readProcText(`${procRoot}/${name}/stat`));
           const t = st && isDead(st.state) ? liveThread(`${procRoot}/${name}`, st.pid) : null;
-          if (t) raw = readFileSync(`${t.dir}/cmdline`);
+          if (t) raw = readProcBytes(`${t.dir}/cmdline`);
         }
         if (raw.length && raw[raw.length - 1] !== 0) raw = Buffer.concat([raw, Buffer.of(0)]);
         if (raw.equals(want)) out.push(Number(name));
@@ -535,7 +538,7 @@ export class JsBackend extends ProcReads implements Backend {
       // A process that vanished mid-scan is skipped; any other failure
       // (EMFILE, ENOMEM) is thrown: skipping would report a live process as absent.
       try {
-        const text = readFileSync(`${dir}/stat`, 'latin1');
+        const text = readProcText(`${dir}/stat`);
         const stat = parseStat(text);
         if (!stat) continue;
         const layout = wanted ? parseLayout(text) : null;
@@ -545,7 +548,7 @@ export class JsBackend extends ProcReads implements Backend {
           const t = liveThread(dir, stat.pid);
           if (t) [src, state] = [t.dir, t.state];
         }
-        const argv = splitCmdlineBytes(readFileSync(`${src}/cmdline`));
+        const argv = splitCmdlineBytes(readProcBytes(`${src}/cmdline`));
         // The directory's owner, as the native scan reads it: a hint only.
         const uid = statSync(dir).uid;
         const row: ProcEntry = {
@@ -696,7 +699,7 @@ function inheritableFds(): number[] {
     if (fd < 3) continue;
     let info: string;
     try {
-      info = readFileSync(`/proc/self/fdinfo/${name}`, 'latin1');
+      info = readProcText(`/proc/self/fdinfo/${name}`);
     } catch (err) {
       // Closed since the listing, the listing's own fd among them.
       if ((err as NodeJS.ErrnoException).code === 'ENOENT') continue;
@@ -718,7 +721,7 @@ function inheritableFds(): number[] {
  */
 function coverable(fds: number[]): number[] {
   if (fds.length === 0) return fds;
-  const limit = /^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'latin1'))?.[1];
+  const limit = /^Max open files\s+(\d+)/m.exec(readProcText('/proc/self/limits'))?.[1];
   if (limit === undefined) return fds; // "unlimited"
   return fds.filter((fd) => fd < Number(limit) - 1);
 }

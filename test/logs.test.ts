@@ -4,6 +4,7 @@ import {
   appendFileSync,
   closeSync,
   existsSync,
+  lstatSync,
   mkdirSync,
   readdirSync,
   readFileSync,
@@ -351,6 +352,30 @@ describe(`the cap (${backend.name})`, () => {
       'a whole rotated generation',
     );
     expect(events).toEqual([]);
+  });
+
+  it('a check of hundreds of instances caps the one over its cap, and neither opens a FIFO nor follows a symlink', async () => {
+    const stateDir = scratch();
+    const outside = join(scratch(), 'not-a-log');
+    writeFileSync(outside, 'y'.repeat(4096));
+    // Hourly: only the first check (the one adopted instances get) runs here.
+    const logs = new InstanceLogs(stateDir, { report: () => {}, live: () => [], checkMs: 3_600_000 });
+    cleanups.push(() => logs.close());
+    const ids = Array.from({ length: 400 }, (_, i) => `quiet-${i}`);
+    const limits = { maxBytes: 16, keep: 1 };
+    for (const id of ids) writeFileSync(logs.prepare(id, limits)!.stderr, 'small\n');
+    // The one over its cap is watched last, past whatever slice the check yields after.
+    const big = logs.prepare('big', limits)!;
+    writeFileSync(big.stderr, 'x'.repeat(4096));
+    execFileSync('mkfifo', [logs.prepare('fifo', limits)!.stderr]);
+    symlinkSync(outside, logs.prepare('link', limits)!.stderr);
+    await Promise.all([...ids, 'fifo', 'link', 'big'].map((id) => logs.watch(id)));
+    expect(statSync(big.stderr).size).toBe(0);
+    expect(statSync(`${big.stderr}.1`).size).toBe(16);
+    for (const id of ids) expect(statSync(logPaths(stateDir, id).stderr).size).toBe(6);
+    expect(lstatSync(logPaths(stateDir, 'fifo').stderr).isFIFO()).toBe(true);
+    expect(readFileSync(outside, 'utf8')).toBe('y'.repeat(4096));
+    expect(existsSync(`${logPaths(stateDir, 'link').stderr}.1`)).toBe(false);
   });
 
   it('an unwatched log is no longer checked; its file stays', async () => {

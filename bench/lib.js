@@ -144,7 +144,7 @@ export function formatTargets(targets, { quick, quickNote = '' } = {}) {
     ['target', 'measured', 'limit', 'result'],
     targets.map((t) => [
       t.description,
-      t.skipped && t.shown === undefined ? 'n/a' : (t.shown ?? formatRatio(t.value)),
+      t.skipped && t.shown === undefined ? 'n/a' : (t.shown ?? formatMeasuredRatio(t)),
       t.shownLimit ?? `${t.op} ${formatRatio(t.limit)}`,
       result(t),
     ]),
@@ -197,6 +197,14 @@ export function formatNs(ns) {
 /** 1.234 -> "1.23x" */
 export function formatRatio(x) {
   return Number.isFinite(x) ? `${x.toFixed(2)}x` : 'n/a';
+}
+
+/** A target's ratio, with a third decimal where two would print it equal to its limit ("1.50x <= 1.50x MISSED"). */
+function formatMeasuredRatio(t) {
+  const shown = formatRatio(t.value);
+  return Number.isFinite(t.value) && shown === formatRatio(t.limit) && t.value !== t.limit
+    ? `${t.value.toFixed(3)}x`
+    : shown;
 }
 
 /**

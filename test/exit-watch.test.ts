@@ -78,12 +78,14 @@ describe(`exit watching (${backend.name})`, () => {
 // real sleepers; "gone" is their /proc entry's start ticks, as in production.
 describe(`the js backend's exit poller (${backend.name})`, () => {
   type Seen = PolledExit & { told: number };
-  const watched = (pid: number, startTicks = Number(startOf(pid))): Seen => ({
+  // Told once gone, it leaves the poller, as a pin that settles does.
+  const watched = (poller: ExitPoller, pid: number, startTicks = Number(startOf(pid))): Seen => ({
     pid,
     startTicks,
     told: 0,
     markExited() {
       this.told++;
+      poller.delete(this);
     },
   });
   const hourly = (budgetMs: number) => new ExitPoller({ intervalMs: 3_600_000, budgetMs });
@@ -91,9 +93,9 @@ describe(`the js backend's exit poller (${backend.name})`, () => {
   it('spreads a pass over ticks when the budget is spent, and sees every exit once', async () => {
     const kids = Array.from({ length: 4 }, () => sleeper(60));
     await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
-    const refs = kids.map((k) => watched(k.pid as number));
     // A budget of 0 ms: one pid per tick, whatever the machine's speed.
     const poller = hourly(0);
+    const refs = kids.map((k) => watched(poller, k.pid as number));
     try {
       for (const r of refs) poller.add(r);
       expect([poller.tick(), poller.tick(), poller.tick(), poller.tick()]).toEqual([1, 1, 1, 1]);
@@ -112,15 +114,43 @@ describe(`the js backend's exit poller (${backend.name})`, () => {
     }
   });
 
+  it('reads a signalled pid at every tick, ahead of the pass, until it is gone or unwatched', async () => {
+    const kids = Array.from({ length: 4 }, () => sleeper(60));
+    await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
+    const poller = hourly(0);
+    const refs = kids.map((k) => watched(poller, k.pid as number)) as [Seen, Seen, Seen, Seen];
+    try {
+      for (const r of refs) poller.add(r);
+      // Not watched: nothing to hurry.
+      poller.expedite(process.pid);
+      poller.expedite(refs[3].pid);
+      poller.expedite(refs[2].pid);
+      // Both signalled, and the pass's first (one pid a tick at a budget of 0).
+      expect(poller.tick()).toBe(3);
+      await killAndWait(kids[3]!);
+      expect(poller.tick()).toBe(3); // the two signalled, then the pass's next: refs[1]
+      expect(refs.map((r) => r.told)).toEqual([0, 0, 0, 1]);
+      // Told and so unwatched: no longer read; refs[2] still is, every tick, and the pass skips it.
+      expect(poller.tick()).toBe(1); // refs[2]; the pass ends on it, read already
+      expect(poller.tick()).toBe(2); // refs[2], and the new pass's first, refs[0]
+      poller.delete(refs[2]);
+      expect(poller.tick()).toBe(1); // the pass's next, refs[1]
+      expect(refs.map((r) => r.told)).toEqual([0, 0, 0, 1]);
+    } finally {
+      for (const r of refs) poller.delete(r);
+      await Promise.all(kids.map(killAndWait));
+    }
+  });
+
   it('reads each pid once a tick, skips one unwatched mid-pass, and takes a new one at the next pass', async () => {
     const kids = Array.from({ length: 3 }, () => sleeper(60));
     await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
-    const [a, b, c] = kids.map((k) => watched(k.pid as number)) as [Seen, Seen, Seen];
-    // Two watches on one pid share its read; one with the wrong start ticks is a reused pid.
-    const aAgain = watched(a.pid);
-    const reused = watched(b.pid, b.startTicks + 1);
     const unbounded = hourly(60_000);
     const oneEach = hourly(0);
+    const [a, b, c] = kids.map((k) => watched(oneEach, k.pid as number)) as [Seen, Seen, Seen];
+    // Two watches on one pid share its read; one with the wrong start ticks is a reused pid.
+    const aAgain = watched(unbounded, a.pid);
+    const reused = watched(unbounded, b.pid, b.startTicks + 1);
     try {
       for (const r of [a, aAgain, b, reused]) unbounded.add(r);
       expect(unbounded.tick()).toBe(2);

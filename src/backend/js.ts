@@ -143,7 +143,10 @@ export interface PolledExit {
  * of 5 000 every 50 ms took ~150 ms per tick: three quarters of the thread,
  * for ever, and a third of what recovery spent. Now a pass over N takes
  * about N × 15 µs (one stat read) / budgetMs ticks, and an exit is seen
- * within one pass (within one tick up to a few hundred watched).
+ * within one pass (within one tick up to a few hundred watched). A pid
+ * custody has just signalled is read at every tick, ahead of the pass and
+ * whatever the budget, until it is seen gone: a stop waits for that exit,
+ * and must not wait out a pass (or escalate to KILL meanwhile).
  * @internal exported for its tests
  */
 export class ExitPoller {
@@ -153,6 +156,8 @@ export class ExitPoller {
   /** The pass under way: the pids it still has to read from #next on (one added since waits for the next pass). */
   #pass: number[] = [];
   #next = 0;
+  /** Watched pids a signal was sent to (see expedite). */
+  #signalled = new Set<number>();
   #timer: NodeJS.Timeout | undefined;
   #refs = 0;
 
@@ -178,13 +183,21 @@ export class ExitPoller {
     const set = this.#watched.get(ref.pid);
     if (!set) return;
     set.delete(ref);
-    if (set.size === 0) this.#watched.delete(ref.pid);
+    if (set.size === 0) {
+      this.#watched.delete(ref.pid);
+      this.#signalled.delete(ref.pid);
+    }
     if (this.#watched.size === 0 && this.#timer) {
       clearInterval(this.#timer);
       this.#timer = undefined;
       this.#pass = [];
       this.#next = 0;
     }
+  }
+
+  /** pid was just signalled: read it at every tick until it is gone or no longer watched. */
+  expedite(pid: number): void {
+    if (this.#watched.has(pid)) this.#signalled.add(pid);
   }
 
   adjustRefs(delta: number): void {
@@ -195,31 +208,45 @@ export class ExitPoller {
   }
 
   /**
-   * Reads the next watched pids of the pass until the budget is spent (at
-   * least one, whatever the clock says), and tells the ones gone or reused.
-   * A tick begins a pass only when the last one is done and never runs past
-   * its end, so it reads no pid twice. Returns how many pids it read.
+   * Reads every signalled pid, then the next pids of the pass until the
+   * budget is spent (at least one, whatever the clock says), and tells the
+   * ones gone or reused. A tick begins a pass only when the last one is done
+   * and never runs past its end, so it reads no pid twice. Returns how many
+   * pids it read.
    */
   tick(): number {
     const stop = performance.now() + this.#budgetMs;
+    let read = 0;
+    for (const pid of [...this.#signalled]) {
+      const set = this.#watched.get(pid);
+      if (set) {
+        read++;
+        this.#check(pid, set);
+      }
+    }
     if (this.#next >= this.#pass.length) {
       this.#pass = [...this.#watched.keys()];
       this.#next = 0;
     }
-    let read = 0;
+    let inPass = 0;
     // delete() ends the pass (#pass emptied) when the last watch goes, even from a markExited below.
-    while (this.#next < this.#pass.length) {
+    while (this.#next < this.#pass.length && (inPass === 0 || performance.now() < stop)) {
       const pid = this.#pass[this.#next++] as number;
       const set = this.#watched.get(pid);
-      if (!set) continue; // unwatched since the pass began
-      read++;
-      const ticks = readStartTicks(pid, '/proc');
-      for (const ref of [...set]) {
-        if (ticks !== ref.startTicks) ref.markExited(UNKNOWN_EXIT);
-      }
-      if (performance.now() >= stop) break;
+      // Unwatched since the pass began, or read above.
+      if (!set || this.#signalled.has(pid)) continue;
+      inPass++;
+      this.#check(pid, set);
     }
-    return read;
+    return read + inPass;
+  }
+
+  /** One read of pid for every pin on it. */
+  #check(pid: number, set: Set<PolledExit>): void {
+    const ticks = readStartTicks(pid, '/proc');
+    for (const ref of [...set]) {
+      if (ticks !== ref.startTicks) ref.markExited(UNKNOWN_EXIT);
+    }
   }
 }
 
@@ -234,6 +261,8 @@ class JsPidRef implements PidRef, PolledExit {
   #status: ExitStatus | undefined;
   #refed = true;
   #polling = false;
+  /** A signal other than 0 was sent through this pin. */
+  #signalled = false;
   #countsRef = false;
   #gone: Promise<void> | undefined;
 
@@ -252,6 +281,7 @@ class JsPidRef implements PidRef, PolledExit {
           });
       if (!status) {
         poller.add(this);
+        if (this.#signalled) poller.expedite(this.pid);
         this.#polling = true;
         this.#syncRef();
       }
@@ -282,11 +312,16 @@ class JsPidRef implements PidRef, PolledExit {
     }
     try {
       process.kill(this.pid, signo);
-      return true;
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === 'ESRCH') return false;
       throw err;
     }
+    // Its exit is now expected: the poller reads it at every tick (see ExitPoller).
+    if (signo !== 0) {
+      this.#signalled = true;
+      if (this.#polling) poller.expedite(this.pid);
+    }
+    return true;
   }
 
   markExited(status: ExitStatus): void {

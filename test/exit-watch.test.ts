@@ -90,13 +90,31 @@ describe(`the js backend's exit poller (${backend.name})`, () => {
   });
   const hourly = (budgetMs: number) => new ExitPoller({ intervalMs: 3_600_000, budgetMs });
 
+  /**
+   * n sleepers, started and pinned for `poller` (not yet added), handed to
+   * fn; whatever happens, every pin leaves `poller` and every sleeper ends.
+   */
+  async function withSleepers(
+    n: number,
+    poller: ExitPoller,
+    fn: (refs: Seen[], kids: ReturnType<typeof sleeper>[]) => Promise<void>,
+  ): Promise<void> {
+    const kids = Array.from({ length: n }, () => sleeper(60));
+    const refs: Seen[] = [];
+    try {
+      await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
+      refs.push(...kids.map((k) => watched(poller, k.pid as number)));
+      await fn(refs, kids);
+    } finally {
+      for (const r of refs) poller.delete(r);
+      await Promise.all(kids.map(killAndWait));
+    }
+  }
+
   it('spreads a pass over ticks when the budget is spent, and sees every exit once', async () => {
-    const kids = Array.from({ length: 4 }, () => sleeper(60));
-    await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
     // A budget of 0 ms: one pid per tick, whatever the machine's speed.
     const poller = hourly(0);
-    const refs = kids.map((k) => watched(poller, k.pid as number));
-    try {
+    await withSleepers(4, poller, async (refs, kids) => {
       for (const r of refs) poller.add(r);
       expect([poller.tick(), poller.tick(), poller.tick(), poller.tick()]).toEqual([1, 1, 1, 1]);
       expect(refs.map((r) => r.told)).toEqual([0, 0, 0, 0]);
@@ -108,53 +126,46 @@ describe(`the js backend's exit poller (${backend.name})`, () => {
         told.push(refs.map((r) => r.told).join(''));
       }
       expect(told).toEqual(['1000', '1100', '1110', '1111']);
-    } finally {
-      for (const r of refs) poller.delete(r);
-      await Promise.all(kids.map(killAndWait));
-    }
+    });
   });
 
   it('reads a signalled pid at every tick, ahead of the pass, until it is gone or unwatched', async () => {
-    const kids = Array.from({ length: 4 }, () => sleeper(60));
-    await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
     const poller = hourly(0);
-    const refs = kids.map((k) => watched(poller, k.pid as number)) as [Seen, Seen, Seen, Seen];
-    try {
+    await withSleepers(4, poller, async (refs, kids) => {
       for (const r of refs) poller.add(r);
+      const [, , third, fourth] = refs as [Seen, Seen, Seen, Seen];
       // Not watched: nothing to hurry.
       poller.expedite(process.pid);
-      poller.expedite(refs[3].pid);
-      poller.expedite(refs[2].pid);
+      poller.expedite(fourth.pid);
+      poller.expedite(third.pid);
       // Both signalled, and the pass's first (one pid a tick at a budget of 0).
       expect(poller.tick()).toBe(3);
       await killAndWait(kids[3]!);
-      expect(poller.tick()).toBe(3); // the two signalled, then the pass's next: refs[1]
+      expect(poller.tick()).toBe(3); // the two signalled, then the pass's next: the second
       expect(refs.map((r) => r.told)).toEqual([0, 0, 0, 1]);
-      // Told and so unwatched: no longer read; refs[2] still is, every tick, and the pass skips it.
-      expect(poller.tick()).toBe(1); // refs[2]; the pass ends on it, read already
-      expect(poller.tick()).toBe(2); // refs[2], and the new pass's first, refs[0]
-      poller.delete(refs[2]);
-      expect(poller.tick()).toBe(1); // the pass's next, refs[1]
+      // Told and so unwatched: no longer read; the third still is, every tick, and the pass skips it.
+      expect(poller.tick()).toBe(1); // the third; the pass ends on it, read already
+      expect(poller.tick()).toBe(2); // the third, and the new pass's first
+      poller.delete(third);
+      expect(poller.tick()).toBe(1); // the pass's next, the second
       expect(refs.map((r) => r.told)).toEqual([0, 0, 0, 1]);
-    } finally {
-      for (const r of refs) poller.delete(r);
-      await Promise.all(kids.map(killAndWait));
-    }
+    });
   });
 
   it('reads each pid once a tick, skips one unwatched mid-pass, and takes a new one at the next pass', async () => {
-    const kids = Array.from({ length: 3 }, () => sleeper(60));
-    await waitFor(() => kids.every((k) => k.pid && startOf(k.pid)), 5000, 'the sleepers');
-    const unbounded = hourly(60_000);
     const oneEach = hourly(0);
-    const [a, b, c] = kids.map((k) => watched(oneEach, k.pid as number)) as [Seen, Seen, Seen];
-    // Two watches on one pid share its read; one with the wrong start ticks is a reused pid.
-    const aAgain = watched(unbounded, a.pid);
-    const reused = watched(unbounded, b.pid, b.startTicks + 1);
-    try {
-      for (const r of [a, aAgain, b, reused]) unbounded.add(r);
-      expect(unbounded.tick()).toBe(2);
-      expect([a.told, aAgain.told, b.told, reused.told]).toEqual([0, 0, 0, 1]);
+    const unbounded = hourly(60_000);
+    await withSleepers(3, oneEach, async (refs, kids) => {
+      const [a, b, c] = refs as [Seen, Seen, Seen];
+      // Two watches on one pid share its read; one with the wrong start ticks is a reused pid.
+      const shared = [a, watched(unbounded, a.pid), b, watched(unbounded, b.pid, b.startTicks + 1)];
+      try {
+        for (const r of shared) unbounded.add(r);
+        expect(unbounded.tick()).toBe(2);
+        expect(shared.map((r) => r.told)).toEqual([0, 0, 0, 1]);
+      } finally {
+        for (const r of shared) unbounded.delete(r);
+      }
 
       oneEach.add(a);
       oneEach.add(b);
@@ -168,11 +179,7 @@ describe(`the js backend's exit poller (${backend.name})`, () => {
       expect(c.told).toBe(0);
       expect(oneEach.tick()).toBe(1);
       expect(c.told).toBe(1);
-    } finally {
-      for (const r of [a, aAgain, b, reused]) unbounded.delete(r);
-      for (const r of [a, b, c]) oneEach.delete(r);
-      await Promise.all(kids.map(killAndWait));
-    }
+    });
   });
 });
 

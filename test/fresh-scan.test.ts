@@ -3,11 +3,13 @@
 // process forked just before the ask). Unit tests with a scripted scan; then
 // the real scans against session leaders of our own.
 import { spawn } from 'node:child_process';
+import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { FreshScan, sessionPairsNow, sessionPairsOf } from '../src/backend/procview.js';
 import { backend } from '../src/backend/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
-import { killAndWait, MARKER } from './helpers/procs.js';
+import { killAndWait, MARKER, tmpDir } from './helpers/procs.js';
 import { PERL } from './helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -98,4 +100,38 @@ describe(`session scans (${backend.name})`, () => {
       await Promise.all(leaders.map(killAndWait));
     }
   });
+
+  it("the js backend's scan lets the loop turn while it reads, and reads every entry once", async () => {
+    // A /proc of 3 000 stat files (self names us, as assertOwnProc wants): tens of ms of reads at any speed.
+    const { path: root, cleanup } = tmpDir('custody-fakeproc-');
+    try {
+      symlinkSync(String(process.pid), join(root, 'self'));
+      const n = 3000;
+      for (let pid = 1; pid <= n; pid++) {
+        mkdirSync(join(root, String(pid)));
+        // pid (comm) state ppid pgrp session, then 16 more fields up to starttime (field 22).
+        const tail = Array.from({ length: 16 }, (_, i) => i).join(' ');
+        writeFileSync(join(root, String(pid), 'stat'), `${pid} (a) b) S 1 ${pid} ${1000 + (pid % 7)} ${tail}\n`);
+      }
+      let turns = 0;
+      let done = false;
+      const count = () => {
+        if (done) return;
+        turns++;
+        setImmediate(count);
+      };
+      setImmediate(count);
+      const pairs = await sessionPairsOf(root);
+      done = true;
+      expect(turns).toBeGreaterThan(0);
+      const bySession = new Map<number, number>();
+      for (let i = 0; i < pairs.length; i += 2) bySession.set(pairs[i] as number, pairs[i + 1] as number);
+      expect(bySession.size).toBe(n);
+      for (let pid = 1; pid <= n; pid++) expect(bySession.get(pid)).toBe(1000 + (pid % 7));
+      expect([...sessionPairsNow(root)]).toEqual([...pairs]);
+    } finally {
+      cleanup();
+    }
+  });
 });
+

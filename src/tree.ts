@@ -83,8 +83,9 @@ function ledByMember(session: number, live: ProcessHandle[]): boolean {
  * reaped, so every process in the session now was forked into it from the
  * instance. Each is pinned and re-read in the session under its pin, and
  * the leader is read a zombie still after the pins, or nothing is returned.
- * The scan on the threadpool is waited for at most `scanMs`, then read on
- * this thread instead. The caller ends them and closes the pins.
+ * The backend's scan (on the threadpool on native, in slices on this
+ * thread on js) is waited for at most `scanMs`, then read on this thread in
+ * one go instead. The caller ends them and closes the pins.
  */
 export async function sessionLeftovers(session: number, scanMs: number): Promise<ProcessHandle[]> {
   const leaderHeld = () => {
@@ -199,11 +200,11 @@ class MemberSet {
    * Finds members not yet pinned: children of live members, and with
    * `full`, the session's members too (re-parented away from a killed
    * parent). Repeats while a pass finds some (bounded); returns how many.
-   * The session's scan runs on the threadpool, which anything else in the
-   * process may hold (four reads of a FIFO with no writer fill it): it is
-   * waited for at most `scanMs`, and skipped for this pass after, so a stop
-   * keeps its bounds and its AbortSignal. (The children are read
-   * synchronously.)
+   * The session's scan runs on the threadpool on native, which anything
+   * else in the process may hold (four reads of a FIFO with no writer fill
+   * it), and in slices on this thread on js: it is waited for at most
+   * `scanMs`, and skipped for this pass after, so a stop keeps its bounds
+   * and its AbortSignal. (The children are read synchronously.)
    */
   async grow(full: boolean, scanMs = Number.POSITIVE_INFINITY, signal?: AbortSignal): Promise<number> {
     let added = 0;

@@ -134,4 +134,3 @@ describe(`session scans (${backend.name})`, () => {
     }
   });
 });
-

@@ -40,7 +40,7 @@ import { BadLogError, InvalidArgError } from './errors.js';
 import { fileKind, openRegular } from './files.js';
 import { LOGS } from './statedir.js';
 import { assertId } from './store.js';
-import { sleep } from './timing.js';
+import { loopSlices, sleep } from './timing.js';
 
 export interface LogOptions {
   /** A file past this size is rotated. Default 8 MiB. */
@@ -256,9 +256,6 @@ export async function* followLog(
     closeSync(fd);
   }
 }
-
-/** How long a log check reads on the loop before it lets the loop turn. */
-const CHECK_SLICE_MS = 2;
 
 /** Whether a log is a regular file over its cap: one lstat, never an open (a FIFO put there must not block). */
 function overCap(file: string, maxBytes: number): boolean {
@@ -488,20 +485,18 @@ export class InstanceLogs {
 
   /**
    * Each entry's two files: a synchronous lstat each, in slices of at most
-   * CHECK_SLICE_MS with a turn of the loop between them; only a file over
+   * LOOP_SLICE_MS with a turn of the loop between them; only a file over
    * its cap goes on to capLog's copy, off the loop. At 5 000 instances a
    * check is 10 000 lstats: through fs/promises, one after the other, they
    * took ~500 ms of this thread every checkMs; here ~25 ms.
    */
   async #check(entries: Array<[string, Readonly<Required<LogOptions>>]>): Promise<void> {
-    let yieldAt = performance.now() + CHECK_SLICE_MS;
+    const sliceOver = loopSlices();
     for (const [id, { maxBytes, keep }] of entries) {
       const files = logPaths(this.stateDir, id);
       for (const file of [files.stdout, files.stderr]) {
-        if (performance.now() >= yieldAt) {
-          await new Promise<void>((resolve) => setImmediate(resolve));
-          yieldAt = performance.now() + CHECK_SLICE_MS;
-        }
+        const turn = sliceOver();
+        if (turn) await turn;
         // A check still copying this file (a slow disk) is not raced.
         if (this.#busy.has(file) || !overCap(file, maxBytes)) continue;
         this.#busy.add(file);

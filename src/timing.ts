@@ -79,3 +79,27 @@ export async function* backoff(options: BackoffOptions): AsyncGenerator<number, 
     delay = Math.min(Math.max(delay * 2, 1), maxMs);
   }
 }
+
+/**
+ * How long synchronous work over many items (a scan of /proc, a check of
+ * every log) runs on the event loop before it lets the loop turn.
+ */
+export const LOOP_SLICE_MS = 2;
+
+/**
+ * Slices for such work: call the result before each item; it returns a
+ * promise to await (a turn of the loop, via setImmediate) once the slice's
+ * time is spent, and null while it is not.
+ */
+export function loopSlices(ms = LOOP_SLICE_MS): () => Promise<void> | null {
+  let until = performance.now() + ms;
+  return () => {
+    if (performance.now() < until) return null;
+    return new Promise<void>((resolve) =>
+      setImmediate(() => {
+        until = performance.now() + ms;
+        resolve();
+      }),
+    );
+  };
+}

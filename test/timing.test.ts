@@ -1,6 +1,6 @@
 /** src/timing.ts: within(), sleep() and backoff() settle once, honour AbortSignal, and leave no timer behind. */
 import { describe, expect, it } from 'vitest';
-import { backoff, sleep, TIMED_OUT, within } from '../src/timing.js';
+import { backoff, loopSlices, sleep, TIMED_OUT, within } from '../src/timing.js';
 
 const activeTimers = () =>
   (process as unknown as { getActiveResourcesInfo(): string[] }).getActiveResourcesInfo().filter((r) => r === 'Timeout')
@@ -79,4 +79,19 @@ describe('backoff', () => {
     for await (const waited of backoff({ maxMs: 50, timeoutMs: 10_000 })) if (waited >= 4) break;
     expect(activeTimers()).toBe(before);
   });
+
+  it('loopSlices() lets the loop turn once a slice is spent, and not before', async () => {
+    const long = loopSlices(60_000);
+    expect(long()).toBeNull();
+    // A spent slice: the returned turn lets an immediate queued before it run first.
+    const spent = loopSlices(0);
+    const order: string[] = [];
+    setImmediate(() => order.push('other'));
+    const turn = spent();
+    expect(turn).not.toBeNull();
+    await turn;
+    order.push('slice');
+    expect(order).toEqual(['other', 'slice']);
+  });
 });
+

@@ -19,6 +19,7 @@ import {
 import { decodeArg } from '../bytes.js';
 import { errnoError, ForeignProcError } from '../errors.js';
 import { parseImage, parseStat, type StatFields } from '../proc.js';
+import { loopSlices } from '../timing.js';
 import type { PidRef } from './types.js';
 import { UnprovenPidRef } from './unproven.js';
 
@@ -255,7 +256,7 @@ function gone(err: unknown): boolean {
 /**
  * [pid, session, ...] of every process, for the js backend (the native one
  * reads them on the threadpool, in C++). Read on this thread in slices of
- * at most SCAN_SLICE_MS, with a turn of the loop between them. Through
+ * at most LOOP_SLICE_MS, with a turn of the loop between them. Through
  * fs/promises each /proc file cost five threadpool round trips (open,
  * fstat, two reads, close) and a 64 KiB buffer: ~9 ms of every js stop at
  * 170 processes, most of its time. A pool held by someone else's work (four
@@ -266,19 +267,14 @@ export async function sessionPairsOf(procRoot = '/proc'): Promise<Int32Array> {
   const names = readdirSync(procRoot).filter(isPidName);
   const out = new Int32Array(names.length * 2);
   let filled = 0;
-  let yieldAt = performance.now() + SCAN_SLICE_MS;
+  const sliceOver = loopSlices();
   for (const name of names) {
-    if (performance.now() >= yieldAt) {
-      await new Promise<void>((resolve) => setImmediate(resolve));
-      yieldAt = performance.now() + SCAN_SLICE_MS;
-    }
+    const turn = sliceOver();
+    if (turn) await turn;
     filled = readSessionPair(procRoot, name, out, filled);
   }
   return out.subarray(0, filled);
 }
-
-/** How long a scan on this thread reads before it lets the loop turn. */
-const SCAN_SLICE_MS = 2;
 
 /**
  * sessionPairsOf, read now in one go: for when the threadpool is too busy

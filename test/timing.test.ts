@@ -94,4 +94,3 @@ describe('backoff', () => {
     expect(order).toEqual(['other', 'slice']);
   });
 });
-

@@ -1163,12 +1163,25 @@ std::string EncodeBytes(const Napi::Value& v, const char* name) {
     return std::string(b.Data(), b.Length());
   }
   if (!v.IsString()) throw Napi::TypeError::New(env, std::string(name) + " must hold strings or Buffers");
-  std::u16string u = v.As<Napi::String>().Utf16Value();
+  // Short strings (argv words, paths) are copied into this frame with one
+  // call; only a longer one pays for the length query and a heap copy. A
+  // copy that fills the buffer may have been cut, so it is taken again whole.
+  char16_t local[256];
+  size_t len = 0;
+  napi_status status = napi_get_value_string_utf16(env, v, local, sizeof local / sizeof local[0], &len);
+  if (status != napi_ok) throw Napi::Error::New(env);
+  std::u16string whole;
+  const char16_t* u = local;
+  if (len + 1 >= sizeof local / sizeof local[0]) {
+    whole = v.As<Napi::String>().Utf16Value();
+    u = whole.data();
+    len = whole.size();
+  }
   std::string out;
-  out.reserve(u.size());
-  for (size_t i = 0; i < u.size(); i++) {
+  out.reserve(len);
+  for (size_t i = 0; i < len; i++) {
     uint32_t c = u[i];
-    if (c >= 0xD800 && c <= 0xDBFF && i + 1 < u.size() && u[i + 1] >= 0xDC00 && u[i + 1] <= 0xDFFF) {
+    if (c >= 0xD800 && c <= 0xDBFF && i + 1 < len && u[i + 1] >= 0xDC00 && u[i + 1] <= 0xDFFF) {
       c = 0x10000 + ((c - 0xD800) << 10) + (u[++i] - 0xDC00);
     } else if (c >= 0xDC80 && c <= 0xDCFF) {
       // An escaped byte, back to itself.

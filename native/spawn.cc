@@ -46,6 +46,8 @@ constexpr int64_t kSpawnNewSession = 1;  // setsid() in the child
 constexpr int64_t kSpawnNewGroup = 2;    // setpgid(0, 0) in the child
 constexpr int64_t kSpawnCopyFdTable = 4;  // no CLONE_FILES
 constexpr int64_t kSpawnFlagsAll = kSpawnNewSession | kSpawnNewGroup | kSpawnCopyFdTable;
+// spawn() returns pid * kSpawnPidScale + pidfd (exported as SPAWN_PID_SCALE).
+constexpr double kSpawnPidScale = 2147483648.0;  // 2^31
 
 struct ChildArgs {
   const char* file;
@@ -233,9 +235,11 @@ long Clone3(CloneArgs*, ChildArgs*) { return -ENOSYS; }
 std::vector<std::string> StringList(const Napi::Env& env, const Napi::Value& v, const char* name) {
   if (!v.IsArray()) throw Napi::TypeError::New(env, std::string(name) + " must be an array of strings");
   Napi::Array arr = v.As<Napi::Array>();
+  // Length() is a call into the engine: once, not once per element.
+  uint32_t n = arr.Length();
   std::vector<std::string> out;
-  out.reserve(arr.Length());
-  for (uint32_t i = 0; i < arr.Length(); i++) {
+  out.reserve(n);
+  for (uint32_t i = 0; i < n; i++) {
     Napi::Value item = arr.Get(i);
     // EncodeBytes: a string is the surrogateescape form of its bytes (or a
     // Buffer is the bytes), so an argv read from /proc is re-exec'd exactly.
@@ -253,8 +257,8 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
 }
 
 // spawn(file, argv, envp | null, cwd | null, stdin, stdout, stderr, flags,
-// cgroupProcs) -> [pid, pidfd]. Positional, and an array back: named
-// properties cost a string internalization each, per spawn. `file` is an
+// cgroupProcs) -> pid * SPAWN_PID_SCALE + pidfd. Positional, and one number
+// back: named properties cost a string internalization each, per spawn. `file` is an
 // absolute or relative path (PATH search is the caller's policy); the stdio
 // fds become 0..2 (-1: the addon's /dev/null); flags are SPAWN_NEW_SESSION,
 // SPAWN_NEW_GROUP and SPAWN_COPY_FD_TABLE; cgroupProcs is an fd on a
@@ -417,10 +421,11 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   }
 
   GetData(env)->pidfds.insert(pidfd);
-  Napi::Array out = Napi::Array::New(env, 2);
-  out.Set(0u, Napi::Number::New(env, pid));
-  out.Set(1u, Napi::Number::New(env, pidfd));
-  return out;
+  // One number, not a [pid, pidfd] array: an array and its two elements are
+  // three calls into the engine on every spawn. A pid is below PID_MAX_LIMIT
+  // (2^22, include/linux/threads.h) and an fd below 2^31, so pid * 2^31 +
+  // pidfd is at most 2^53 - 1: exact in a double.
+  return Napi::Number::New(env, static_cast<double>(pid) * kSpawnPidScale + static_cast<double>(pidfd));
 }
 
 // probeCloneIntoCgroup() -> "" when clone3 knows CLONE_INTO_CGROUP (Linux
@@ -478,6 +483,7 @@ void InitSpawn(Napi::Env env, Napi::Object exports) {
   constants.Set("SPAWN_NEW_SESSION", Napi::Number::New(env, static_cast<double>(kSpawnNewSession)));
   constants.Set("SPAWN_NEW_GROUP", Napi::Number::New(env, static_cast<double>(kSpawnNewGroup)));
   constants.Set("SPAWN_COPY_FD_TABLE", Napi::Number::New(env, static_cast<double>(kSpawnCopyFdTable)));
+  constants.Set("SPAWN_PID_SCALE", Napi::Number::New(env, kSpawnPidScale));
   exports.Set("probeCloneIntoCgroup", Napi::Function::New(env, ProbeCloneIntoCgroup, "probeCloneIntoCgroup"));
 }
 

@@ -115,7 +115,8 @@ try {
       addon.spawn('/bin/sh', ['sh', '-c', 'exit 3'], ['PATH=/usr/bin:/bin'], null, 0, 1, 2, copy | session, -1),
     );
     if (child) {
-      const [pid, pidfd] = child;
+      const pid = Math.floor(child / C.SPAWN_PID_SCALE);
+      const pidfd = child % C.SPAWN_PID_SCALE;
       const reapHere = round % 2 === 1;
       const info = await waitExit(pidfd, reapHere);
       if (reapHere && info && info[1] !== 3) throw new Error(`watch reap: ${JSON.stringify(info)}`);

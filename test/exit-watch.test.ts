@@ -5,13 +5,16 @@
 // reports up to 64 exits per turn, so these are the cases that set must get
 // right; the js backend must give the same answers.
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
+import { spawnedChild } from '../src/backend/addon.js';
 import { ExitPoller, type PolledExit } from '../src/backend/js.js';
 import { exitWatchesOf, type NativeBackend } from '../src/backend/native.js';
+import { encodeArg } from '../src/bytes.js';
 import { holdExit, releaseExit } from '../src/handle.js';
 import { spawn } from '../src/index.js';
 import { expectNoLeaks } from './helpers/leaks.js';
@@ -191,8 +194,8 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
 
   /** A raw child of the addon. */
   function rawSpawn(argv: string[], stdin = -1, stdout = -1): { pid: number; pidfd: number } {
-    const [pid, pidfd] = addon().spawn(argv[0] ?? '', argv, null, null, stdin, stdout, -1, 0, -1);
-    return { pid, pidfd };
+    const a = addon();
+    return spawnedChild(a, a.spawn(argv[0] ?? '', argv, null, null, stdin, stdout, -1, 0, -1));
   }
 
   /** A child blocked on a pipe, with the write end that ends it. */
@@ -323,7 +326,7 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
         const told = [];
         process.on('uncaughtException', (e) => { setTimeout(() => { console.log(JSON.stringify({ error: e.message, told })); process.exit(0); }, 100); });
         for (let i = 0; i < 3; i++) {
-          const [, fd] = a.spawn('/bin/sh', ['sh', '-c', 'read x; exit 5'], null, null, r, -1, -1, 0, -1);
+          const fd = a.spawn('/bin/sh', ['sh', '-c', 'read x; exit 5'], null, null, r, -1, -1, 0, -1) % a.constants.SPAWN_PID_SCALE;
           w.watch(fd, true, { exitReported: (code, status) => { told.push(status); if (i === 0) throw new Error('listener failed'); } });
         }
         a.close(r);
@@ -344,6 +347,48 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
     expect(() => a.spawn('/bin/true', ['true'], null, null, -1, -1, -1, 0, -2)).toThrow(
       expect.objectContaining({ code: 'ERR_OUT_OF_RANGE' }),
     );
+  });
+
+  it("returns the child's pid and its pidfd in one number, exact at the largest pid and fd", () => {
+    const a = addon();
+    // The largest pid (PID_MAX_LIMIT - 1 on 64-bit) and the largest fd an int holds: the sum is 2^53 - 1.
+    expect(spawnedChild(a, 4194303 * a.constants.SPAWN_PID_SCALE + 2147483647)).toEqual({
+      pid: 4194303,
+      pidfd: 2147483647,
+    });
+    const c = rawChild();
+    try {
+      // The pidfd names the child (its fdinfo's Pid), and the child is ours (its ppid).
+      expect(readFileSync(`/proc/self/fdinfo/${c.pidfd}`, 'utf8')).toMatch(new RegExp(`^Pid:\\t${c.pid}$`, 'm'));
+      expect(procStat(c.pid)?.[1]).toBe(String(process.pid));
+    } finally {
+      a.close(c.release);
+      reap(c);
+    }
+  });
+
+  it('passes argv words on both sides of the 255-unit copy byte-exact: escapes, pairs and U+FFFD at the edge', async () => {
+    const a = addon();
+    // The addon copies a word of up to 254 UTF-16 units in one call and takes a longer one whole:
+    // each word ends in what a cut copy would get wrong (an escaped byte, half of a surrogate pair).
+    const words = [254, 255, 256, 1000].flatMap((units) => [
+      `${'a'.repeat(units - 1)}\udcff`,
+      `${'b'.repeat(units - 2)}\u{1f600}`,
+      `${'\u00e9'.repeat(units - 1)}\ufffd`,
+    ]);
+    const argv = ['/bin/sh', '-c', 'read x', 'sh', ...words];
+    const [r, w] = a.pipe();
+    const c = rawSpawn(argv, r);
+    a.close(r);
+    try {
+      const expected = Buffer.concat(argv.map((w) => Buffer.concat([encodeArg(w), Buffer.from([0])])));
+      await waitFor(() => readFileSync(`/proc/${c.pid}/cmdline`).equals(expected) || null, 5000, 'the exec');
+      // The same words as a sweep's pattern find it: matchArgv encodes them the same way.
+      expect(await (backend as NativeBackend).matchArgv(argv)).toEqual([c.pid]);
+    } finally {
+      a.close(w);
+      reap(c);
+    }
   });
 
   it("refuses a second dispatcher: the first one's pending watches would report to a table without them", async () => {

@@ -28,7 +28,7 @@ function traceSpawn(dir: string, launcher: string[] = []): string[] {
   const script = `
     process.on('SIGUSR2', () => {});
     const a = require(${JSON.stringify(addonPath)});
-    const [, fd] = a.spawn('/bin/true', ['true'], null, null, -1, -1, -1, 0, -1);
+    const fd = a.spawn('/bin/true', ['true'], null, null, -1, -1, -1, 0, -1) % a.constants.SPAWN_PID_SCALE;
     a.waitid(fd, a.constants.WEXITED);`;
   execFileSync(
     'strace',

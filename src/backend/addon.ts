@@ -70,9 +70,10 @@ export interface NativeAddon {
   /** [pid, session, ...] of every process, read on the threadpool. */
   listSessions(procRoot: string): Promise<Int32Array>;
   /**
-   * [pid, pidfd]. stdio fds become 0..2 (-1: the addon's /dev/null); flags are constants.SPAWN_*;
-   * cgroupProcs is an fd on a cgroup's cgroup.procs (O_WRONLY) the child writes itself into before
-   * anything else, or -1.
+   * pid * constants.SPAWN_PID_SCALE + pidfd (one number: an array costs three calls into the engine per
+   * spawn; spawnedChild() takes it apart). stdio fds become 0..2 (-1: the addon's /dev/null); flags are
+   * constants.SPAWN_*; cgroupProcs is an fd on a cgroup's cgroup.procs (O_WRONLY) the child writes itself
+   * into before anything else, or -1.
    */
   spawn(
     file: string,
@@ -84,7 +85,7 @@ export interface NativeAddon {
     stderr: number,
     flags: number,
     cgroupProcs: number,
-  ): [pid: number, pidfd: number];
+  ): number;
   /** '' where clone3 knows CLONE_INTO_CGROUP, else the errno name it answered. */
   probeCloneIntoCgroup(): string;
   /** sd_notify's socket (native/notify.cc), bound to an abstract name; batch: [data, truncated, pid, uid, pidfd]... */
@@ -105,8 +106,15 @@ export interface NativeAddon {
     SPAWN_NEW_SESSION: number;
     SPAWN_NEW_GROUP: number;
     SPAWN_COPY_FD_TABLE: number;
+    SPAWN_PID_SCALE: number;
   };
   unsupported?: string;
+}
+
+/** The pid and pidfd of addon.spawn()'s number: pid * SPAWN_PID_SCALE + pidfd, both exact below 2^53. */
+export function spawnedChild(addon: NativeAddon, packed: number): { pid: number; pidfd: number } {
+  const scale = addon.constants.SPAWN_PID_SCALE;
+  return { pid: Math.floor(packed / scale), pidfd: packed % scale };
 }
 
 /** The package root: this file sits in src/backend or dist/backend. */

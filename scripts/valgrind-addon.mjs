@@ -106,17 +106,29 @@ try {
     call('getChildSubreaper', () => addon.getChildSubreaper());
     call('setChildSubreaper', () => addon.setChildSubreaper(false));
 
+    // spawn() returns pid * SPAWN_PID_SCALE + pidfd.
+    const spawned = (n) => ({ pid: Math.floor(n / C.SPAWN_PID_SCALE), pidfd: n % C.SPAWN_PID_SCALE });
     // Valgrind refuses a clone whose child shares the fd table (CLONE_FILES):
     // spawn is checked here on the copying path, the same code but for the
     // table's sharing.
     const copy = C.SPAWN_COPY_FD_TABLE;
     const session = round % 2 === 0 ? C.SPAWN_NEW_SESSION : 0;
     const child = call('spawn', () =>
-      addon.spawn('/bin/sh', ['sh', '-c', 'exit 3'], ['PATH=/usr/bin:/bin'], null, 0, 1, 2, copy | session, -1),
+      // A word past the addon's 255-unit stack copy takes the heap path too.
+      addon.spawn(
+        '/bin/sh',
+        ['sh', '-c', 'exit 3', 'sh', 'x'.repeat(300)],
+        ['PATH=/usr/bin:/bin'],
+        null,
+        0,
+        1,
+        2,
+        copy | session,
+        -1,
+      ),
     );
-    if (child) {
-      const pid = Math.floor(child / C.SPAWN_PID_SCALE);
-      const pidfd = child % C.SPAWN_PID_SCALE;
+    if (child !== undefined) {
+      const { pid, pidfd } = spawned(child);
       const reapHere = round % 2 === 1;
       const info = await waitExit(pidfd, reapHere);
       if (reapHere && info && info[1] !== 3) throw new Error(`watch reap: ${JSON.stringify(info)}`);
@@ -125,8 +137,8 @@ try {
     }
     call('spawn(ENOENT)', () => addon.spawn(join(dir, 'missing'), ['x'], [], dir, 0, 1, 2, copy, -1), ['ENOENT']);
     const idle = call('spawn(sleep)', () => addon.spawn('/bin/sleep', ['sleep', '30'], [], null, 0, 1, 2, copy, -1));
-    if (idle) {
-      const [pid, pidfd] = idle;
+    if (idle !== undefined) {
+      const { pid, pidfd } = spawned(idle);
       const id = call('watch', () => addon.watch(pidfd, false));
       if (id !== undefined) {
         call('watchRef', () => addon.watchRef(id, false));

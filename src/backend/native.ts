@@ -677,9 +677,9 @@ export class NativeBackend extends ProcReads implements Backend {
       const flags = (req.newSession ? c.SPAWN_NEW_SESSION : 0) | (req.newGroup ? c.SPAWN_NEW_GROUP : 0);
       // Opened here, written by the child: it allocates nothing and opens nothing.
       const procs = req.cgroup ? openSync(join(req.cgroup, 'cgroup.procs'), fsc.O_WRONLY) : -1;
-      let spawned: { pid: number; pidfd: number };
+      let packed: number;
       try {
-        const packed = addon.spawn(
+        packed = addon.spawn(
           req.file,
           req.argv,
           req.env,
@@ -690,11 +690,11 @@ export class NativeBackend extends ProcReads implements Backend {
           flags,
           procs,
         );
-        spawned = spawnedChild(addon, packed);
       } finally {
         if (procs >= 0) closeSync(procs);
       }
-      const ref = new NativePidRef(this.#pins, spawned.pid, spawned.pidfd, 'spawned');
+      const { pid, pidfd } = spawnedChild(addon, packed);
+      const ref = new NativePidRef(this.#pins, pid, pidfd, 'spawned');
       const stream = (i: number): Socket | null => {
         const fd = ours[i];
         if (fd === null || fd === undefined) return null;

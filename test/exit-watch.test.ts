@@ -37,6 +37,23 @@ describe(`exit watching (${backend.name})`, () => {
     expect(statuses).toEqual(kids.map((_, i) => ({ code: i % 7, signal: null })));
   }, 60_000);
 
+  it('passes long argv words byte-exact through spawn(): pairs and U+FFFD at the end of 254 to 1 000 units', async () => {
+    // The public path of the addon's 255-unit copy; UTF-8-valid words, which both backends carry.
+    const words = [254, 255, 256, 1000].flatMap((units) => [
+      `${'b'.repeat(units - 2)}\u{1f600}`,
+      `${'\u00e9'.repeat(units - 1)}\ufffd`,
+    ]);
+    const h = spawn('/bin/sh', ['-c', 'read x', 'sh', ...words], { stdio: ['pipe', 'ignore', 'ignore'] });
+    try {
+      const expected = Buffer.from(['/bin/sh', '-c', 'read x', 'sh', ...words].map((w) => `${w}\0`).join(''), 'utf8');
+      await waitFor(() => readFileSync(`/proc/${h.pid}/cmdline`).equals(expected) || null, 5000, 'the exec');
+    } finally {
+      // A line for `read`, which fails (1) at end of file.
+      h.stdin?.end('\n');
+      expect(await h.exited).toEqual({ code: 0, signal: null });
+    }
+  });
+
   it('gives an ignored slot /dev/null and a piped one its pipe', async () => {
     const h = spawn('/bin/ls', ['-l', '/proc/self/fd'], { stdio: ['ignore', 'pipe', 'ignore'] });
     let out = '';

@@ -464,7 +464,7 @@ async function worker([
   }
   // Instances left in the state dir; custody's own dot-entries (.custody, .lock*, .logs, kept after stop) are not.
   const leftoverState = readdirSync(stateDir).filter((n) => !n.startsWith('.')).length;
-  const { StateStore } = await import('../dist/store.js');
+  const { StateStore } = await import('../dist/state/store.js');
   const storeDir = mkdtempSync(join(base, 'store-'));
   const store = await timeStore(StateStore, sample, join(storeDir, 'state'), storeOps);
   process.stdout.write(

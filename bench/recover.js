@@ -535,7 +535,7 @@ async function worker([stateDir, interruptedArg, runningArg]) {
   const fsyncs = countFsyncs();
   const { backend } = await import('../dist/backend/index.js');
   const custody = await import('../dist/index.js');
-  const { StateStore } = await import('../dist/store.js');
+  const { StateStore } = await import('../dist/state/store.js');
   const actual = custody.capabilities().backend;
   if (actual !== process.env.CUSTODY_BACKEND)
     throw new Error(
@@ -551,7 +551,7 @@ async function worker([stateDir, interruptedArg, runningArg]) {
     throw new Error(`the state dir holds ${running} running manifests, not ${expectRunning}`);
   // Every manifest left is a running one.
   const template = store.read(store.ids()[0]);
-  const gone = deadSupervisor((await import('../dist/proc.js')).parseImage);
+  const gone = deadSupervisor((await import('../dist/process/proc.js')).parseImage);
   const now = new Date().toISOString();
   for (let k = 0; k < interrupted; k++) {
     const token = randomBytes(16).toString('hex');
@@ -653,7 +653,7 @@ function diffCalls(before, after) {
  */
 async function holder([stateDir, idleBin, marker]) {
   const custody = await import('../dist/index.js');
-  const { StateStore } = await import('../dist/store.js');
+  const { StateStore } = await import('../dist/state/store.js');
   const backendName = custody.capabilities().backend;
   const pids = [];
   let ending = null;

@@ -1,7 +1,7 @@
 // The receiving end of systemd's sd_notify protocol: a unix datagram socket
 // bound to an abstract name, read on the libuv loop, each datagram handed to
 // JavaScript with the sender's credentials. What a message means, and
-// whether its sender may say it, is decided in TypeScript (src/notify.ts).
+// whether its sender may say it, is decided in TypeScript (src/lifecycle/notify.ts).
 #include "common.h"
 
 #include <fcntl.h>

@@ -19,8 +19,8 @@ cd "$(dirname "$0")/.."
 # the same work at volume; reuse, crash and faults need root almost throughout.
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-  suites=(test/identity.test.ts test/handle.test.ts test/spawn-types.test.ts test/supervisor.test.ts
-    test/sweep.test.ts test/recover.test.ts test/backend.test.ts test/cli.test.ts test/subreaper.test.ts
+  suites=(test/process/identity.test.ts test/process/handle.test.ts test/backend/spawn-types.test.ts test/supervisor.test.ts
+    test/process/sweep.test.ts test/recovery/recover.test.ts test/backend/backend.test.ts test/cli/cli.test.ts test/process/subreaper.test.ts
     test/unprovable.test.ts test/reliability/hostile.test.ts)
 fi
 

@@ -4,7 +4,7 @@
  */
 import { constants } from 'node:os';
 import { getSystemErrorMap } from 'node:util';
-import { describeExit } from './exit.js';
+import { describeExit } from './process/exit.js';
 import type { ExitStatus } from './types.js';
 
 export type ErrnoCode = keyof typeof constants.errno;

@@ -7,7 +7,7 @@
  * (CUSTODY_EVENT_SINK) carrying the event.
  */
 import { channel } from 'node:diagnostics_channel';
-import { callHook } from './hooks.js';
+import { callHook } from './lifecycle/hooks.js';
 
 export type CustodyEventType =
   | 'launch'

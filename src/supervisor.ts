@@ -5,7 +5,13 @@
  */
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync, statSync } from 'node:fs';
-import { CgroupRoot, validateLimits, type CgroupOptions, type CgroupUsage, type InstanceCgroup } from './cgroup.js';
+import {
+  CgroupRoot,
+  validateLimits,
+  type CgroupOptions,
+  type CgroupUsage,
+  type InstanceCgroup,
+} from './process/cgroup.js';
 import {
   AbortError,
   CustodyError,
@@ -15,9 +21,9 @@ import {
   UnsupportedError,
 } from './errors.js';
 import { emitter, type Emit, type EventSink } from './events.js';
-import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './handle.js';
-import { callHook } from './hooks.js';
-import { assertLogOptions, InstanceLogs } from './logs.js';
+import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './process/handle.js';
+import { callHook } from './lifecycle/hooks.js';
+import { assertLogOptions, InstanceLogs } from './state/logs.js';
 import {
   abandon,
   confirm,
@@ -31,10 +37,10 @@ import {
   type Attempt,
   type Instance,
   type LaunchSpec,
-} from './launch.js';
-import { NotifyChannel } from './notify.js';
-import { recover, type RecoveryReport } from './recover.js';
-import { removeDeclaredPaths } from './paths.js';
+} from './lifecycle/launch.js';
+import { NotifyChannel } from './lifecycle/notify.js';
+import { recover, type RecoveryReport } from './recovery/recover.js';
+import { removeDeclaredPaths } from './state/paths.js';
 import {
   assertEntryName,
   assertId,
@@ -42,15 +48,15 @@ import {
   StateStore,
   type Manifest,
   type StartingManifest,
-} from './store.js';
-import { endedResult, forceEnd, terminate, type TerminateResult } from './terminate.js';
-import { sweep, validateSweep, type SweepOptions, type SweepResult } from './sweep.js';
-import { sessionLeftovers, terminateCgroup, terminateMembers, terminateTree } from './tree.js';
+} from './state/store.js';
+import { endedResult, forceEnd, terminate, type TerminateResult } from './process/terminate.js';
+import { sweep, validateSweep, type SweepOptions, type SweepResult } from './process/sweep.js';
+import { sessionLeftovers, terminateCgroup, terminateMembers, terminateTree } from './process/tree.js';
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
-import { describeExit } from './exit.js';
-import { UNKNOWN_EXIT } from './signals.js';
+import { describeExit } from './process/exit.js';
+import { UNKNOWN_EXIT } from './process/signals.js';
 import { assertOwnProc, ownForkImage } from './backend/procview.js';
-import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './reaper.js';
+import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './process/reaper.js';
 import { displayArg, fsPath } from './bytes.js';
 import type { Capabilities, ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { parseCgroupV2Line } from '../src/backend/procview.js';
-import { cgroupName } from '../src/cgroup.js';
+import { cgroupName } from '../src/process/cgroup.js';
 import type { SupervisorOptions } from '../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from './helpers/cgroup.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';

@@ -12,7 +12,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../src/backend/addon.js';
 import { backend } from '../src/backend/index.js';
 import { inspect, Supervisor, sweep } from '../src/index.js';
-import { judge, protectedPid, indexByToken } from '../src/ownership.js';
+import { judge, protectedPid, indexByToken } from '../src/process/ownership.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import {
   asNamespaceInit,

@@ -517,7 +517,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     await expect(ctx.supervisor.stop('ab', { graceMs: 10_000, signal: ac.signal })).rejects.toMatchObject({
       name: 'AbortError',
     });
-    // Abort means "force it now": killed, proven gone, state removed (test/stop.test.ts has more).
+    // Abort means "force it now": killed, proven gone, state removed (test/lifecycle/stop.test.ts has more).
     expect(isGone(inst.pid)).toBe(true);
     expect(ctx.supervisor.list()).toEqual([]);
   });

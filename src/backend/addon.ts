@@ -6,7 +6,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { StatFields } from '../proc.js';
+import type { StatFields } from '../process/proc.js';
 import type { FileRead } from './types.js';
 
 /**

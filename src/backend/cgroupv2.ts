@@ -3,7 +3,7 @@
  * /proc/self/mountinfo (never assumed: a hybrid host has it at
  * /sys/fs/cgroup/unified, a modern one at /sys/fs/cgroup, a container
  * wherever its runtime put it), and the kernel's features, probed once.
- * Facts only; what custody does with them lives in src/cgroup.ts.
+ * Facts only; what custody does with them lives in src/process/cgroup.ts.
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import * as path from 'node:path';

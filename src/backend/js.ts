@@ -21,9 +21,9 @@ import {
 import { basename, join, resolve as resolvePath } from 'node:path';
 import { encodeArg, hasEscapedBytes, splitCmdlineBytes } from '../bytes.js';
 import { type ErrnoCode, errnoError, isErrnoCode, NotAProcessError, UnsupportedError } from '../errors.js';
-import { parseLayout, parseStat, parseStatusField, parseStatusUid, type StatFields } from '../proc.js';
+import { parseLayout, parseStat, parseStatusField, parseStatusUid, type StatFields } from '../process/proc.js';
 import { assertOwnProc, ownPidNs, ProcReads, readProcBytes, readProcText } from './procview.js';
-import { UNKNOWN_EXIT } from '../signals.js';
+import { UNKNOWN_EXIT } from '../process/signals.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
 

@@ -18,7 +18,7 @@ import {
 } from 'node:fs';
 import { decodeArg } from '../bytes.js';
 import { errnoError, ForeignProcError } from '../errors.js';
-import { parseImage, parseStat, type StatFields } from '../proc.js';
+import { parseImage, parseStat, type StatFields } from '../process/proc.js';
 import { loopSlices } from '../timing.js';
 import type { PidRef } from './types.js';
 import { UnprovenPidRef } from './unproven.js';

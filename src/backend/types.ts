@@ -4,7 +4,7 @@
  * process.kill and fs reads of /proc. Policy never lives here.
  */
 import type { Readable, Writable } from 'node:stream';
-import type { StatFields } from '../proc.js';
+import type { StatFields } from '../process/proc.js';
 import type { Capabilities, ExitStatus } from '../types.js';
 import type { ExecStage } from './procview.js';
 
@@ -108,7 +108,7 @@ export interface SpawnedChild {
   stderr: Readable | null;
 }
 
-/** One sd_notify datagram as the kernel delivered it. Nothing here is proof: the sender is judged by src/notify.ts. */
+/** One sd_notify datagram as the kernel delivered it. Nothing here is proof: the sender is judged by src/lifecycle/notify.ts. */
 export interface NotifyDatagram {
   data: Buffer;
   /** Longer than a notification may be (4096 bytes): never parsed. */

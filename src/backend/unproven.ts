@@ -4,7 +4,7 @@
  * and liveness is polled with signal 0, so `gone` and `exited` do settle and
  * a stop returns once the process is gone instead of waiting out its grace.
  */
-import { UNKNOWN_EXIT } from '../signals.js';
+import { UNKNOWN_EXIT } from '../process/signals.js';
 import type { ExitStatus } from '../types.js';
 import type { PidRef } from './types.js';
 

@@ -3,8 +3,8 @@
  * (a running supervisor keeps writing them) and after the instance stopped
  * (stop removes its state and keeps its logs).
  */
-import { followLog, logPaths, readLogTail } from '../logs.js';
-import { readStateDir } from '../store.js';
+import { followLog, logPaths, readLogTail } from '../state/logs.js';
+import { readStateDir } from '../state/store.js';
 import { type Command, flag, idArg, JSON_OPTION, oneOf, STATE_DIR_OPTION, stateDirOf, wholeNumber } from './args.js';
 import { CliError, print } from './output.js';
 

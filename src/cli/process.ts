@@ -3,10 +3,10 @@
  */
 import { statSync } from 'node:fs';
 import { exePath } from '../backend/procview.js';
-import { inspect, isNoProcess, verify } from '../identity.js';
+import { inspect, isNoProcess, verify } from '../process/identity.js';
 import { NotAProcessError } from '../errors.js';
-import { readStateDir } from '../store.js';
-import { sweep } from '../sweep.js';
+import { readStateDir } from '../state/store.js';
+import { sweep } from '../process/sweep.js';
 import type { ProcessIdentity } from '../types.js';
 import { pidMax } from '../validate.js';
 import {

@@ -5,10 +5,10 @@
  * never create it.
  */
 import type { CustodyEvent } from '../events.js';
-import { IncompleteInstanceError, assertEntryName, readStateDir, type StateListing } from '../store.js';
+import { IncompleteInstanceError, assertEntryName, readStateDir, type StateListing } from '../state/store.js';
 import { type StopResult, Supervisor } from '../supervisor.js';
-import { describeExit } from '../exit.js';
-import { verify } from '../identity.js';
+import { describeExit } from '../process/exit.js';
+import { verify } from '../process/identity.js';
 import {
   checked,
   type Command,

@@ -1,0 +1,357 @@
+/**
+ * `ready: 'notify'`: systemd's sd_notify protocol, as a Type=notify service
+ * speaks it. custody binds a unix datagram socket to an abstract name (no
+ * file, no 108-byte sun_path limit to mind), passes it as NOTIFY_SOCKET, and
+ * reads what arrives on the loop with each sender's credentials.
+ *
+ * Anyone in the network namespace can send to an abstract socket, so a
+ * datagram counts only when its sender is the instance's: the sender is read
+ * under a pin and judged by the ownership rule (the target, our child, a
+ * process in the session custody created, a descendant, or one with the
+ * instance's marks). Where the kernel attaches a pidfd on the sender
+ * (SO_PASSPIDFD, Linux 6.5) the pin is checked against it, so a sender that
+ * exited and whose pid was taken by a member is not mistaken for it; without
+ * it the window is the time between send and read. What counts:
+ * - `READY=1`: ready;
+ * - `STATUS=...`: a `status` event;
+ * - `MAINPID=n`: n becomes the target only if it passes the rule on its own
+ *   marks, as a pid a launcher reports would (re-confirmed, and recorded
+ *   from that inspection).
+ * Everything else is ignored. Once ready, the socket stays while the target
+ * runs and this supervisor watches it (STATUS= keeps coming as status
+ * events; MAINPID= is no longer followed); a supervisor that adopts the
+ * instance after a restart does not bind it again, so notifications then go
+ * nowhere (sd_notify reports an error the daemon may ignore).
+ */
+import { randomBytes } from 'node:crypto';
+import { backend } from '../backend/index.js';
+import { pinnedAlive } from '../backend/procview.js';
+import type { NotifyDatagram, NotifyListener } from '../backend/types.js';
+import { ReadyTimeoutError } from '../errors.js';
+import type { Emit } from '../events.js';
+import { exitStatusWithin, ProcessHandle } from '../process/handle.js';
+import { isNoProcess, toIdentity } from '../process/identity.js';
+import { claimOf, EXIT_STATUS_WAIT_MS, exitedError, type Attempt } from './launch.js';
+import { describeRejection, ENVIRON_MAX_BYTES, judge, type Rejection } from '../process/ownership.js';
+import { isTargetPid } from './pidfile.js';
+import { TIMED_OUT, within } from '../timing.js';
+import type { ProcessIdentity } from '../types.js';
+
+/** One notification's assignments (newline-separated KEY=VALUE, as sd_notify(3) sends them). */
+export interface Notification {
+  ready: boolean;
+  status?: string;
+  /** MAINPID's value as sent; check it with isTargetPid. */
+  mainPid?: number;
+  /** Every assignment, for diagnostics. */
+  fields: Map<string, string>;
+}
+
+/** Parses one datagram. Pure: tested on fixtures. Lines without '=' are ignored, as systemd ignores them. */
+export function parseNotification(data: Buffer): Notification {
+  const fields = new Map<string, string>();
+  for (const line of data.toString('utf8').split('\n')) {
+    const eq = line.indexOf('=');
+    if (eq <= 0) continue;
+    fields.set(line.slice(0, eq), line.slice(eq + 1));
+  }
+  const n: Notification = { ready: fields.get('READY') === '1', fields };
+  const status = fields.get('STATUS');
+  if (status !== undefined) n.status = status;
+  const main = fields.get('MAINPID');
+  if (main !== undefined && /^[0-9]{1,10}$/.test(main)) n.mainPid = Number(main);
+  else if (main !== undefined) n.mainPid = Number.NaN;
+  return n;
+}
+
+/** Warnings about ignored senders per launch: a flood of strangers must not flood the sink. */
+const MAX_WARNINGS = 5;
+/** Datagrams held, with their pinned senders, until the target is confirmed and they can be judged again. */
+const MAX_DEFERRED = 64;
+/** Rejections that knowing the target cannot change. */
+const FINAL = new Set<Rejection | 'unknown'>([
+  'unknown',
+  'gone',
+  'init',
+  'self',
+  'ancestor',
+  'uid',
+  'namespace',
+  'environ',
+  'cgroup',
+]);
+
+type Sender = { ours: true; pid: number } | { ours: false; pid: number; why: Rejection | 'unknown' };
+
+export class NotifyChannel {
+  /** NOTIFY_SOCKET's value. */
+  readonly address: string;
+  readonly #listener: NotifyListener;
+  readonly #a: Attempt;
+  readonly #emit: Emit;
+  #ready = false;
+  /** A MAINPID accepted and pinned, not yet made the target. */
+  #mainPid: { handle: ProcessHandle; identity: ProcessIdentity; from: number } | null = null;
+  #wake: (() => void) | null = null;
+  #ignored = 0;
+  #lastStatus: string | undefined;
+  #error: Error | null = null;
+  #closed = false;
+  /** Rejected before confirm, sender pinned: judged again once the target is known. */
+  #deferred: NotifyDatagram[] = [];
+  /** Ready and running: only STATUS= (and barriers) count now. */
+  #running = false;
+
+  private constructor(a: Attempt, emit: Emit) {
+    this.#a = a;
+    this.#emit = emit;
+    const name = `custody/notify/${randomBytes(16).toString('hex')}`;
+    this.#listener = backend.openNotify(name, (batch, error) => this.#onBatch(batch, error));
+    this.address = this.#listener.address;
+  }
+
+  /** Binds the socket (ERR_CUSTODY_UNSUPPORTED on the js backend). Open it before the spawn: nothing sent is lost. */
+  static open(a: Attempt, emit: Emit): NotifyChannel {
+    return new NotifyChannel(a, emit);
+  }
+
+  #onBatch(batch: NotifyDatagram[], error: Error | null): void {
+    for (const d of batch) this.#take(d, this.#a.identity === null);
+    if (error) this.#error ??= error;
+    this.#wake?.();
+  }
+
+  /** Handles one datagram; closes its sender's pin unless it is deferred (`mayDefer`: not yet confirmed). */
+  #take(d: NotifyDatagram, mayDefer: boolean): void {
+    let kept = false;
+    try {
+      kept = this.#onDatagram(d, mayDefer);
+    } catch (err) {
+      // The kernel could not answer (EMFILE...): the launch fails with it rather than guess.
+      this.#error ??= err as Error;
+    } finally {
+      if (!kept && d.sender && d.sender !== 'gone') d.sender.close();
+    }
+  }
+
+  /** Returns true when the datagram was deferred (its sender stays pinned). */
+  #onDatagram(d: NotifyDatagram, mayDefer: boolean): boolean {
+    if (this.#closed) return false;
+    if (d.truncated) {
+      this.#ignore(d.pid, 'a notification longer than 4096 bytes');
+      return false;
+    }
+    const n = parseNotification(d.data);
+    if (!n.ready && n.status === undefined && n.mainPid === undefined) return false;
+    const sender = this.#judgeSender(d);
+    if (!sender.ours) {
+      // Before confirm the target is not known yet (a daemon can say READY=1 before its launcher's pidfile is
+      // read): a sender the kernel pinned for us is judged again then, still under that pin.
+      if (
+        mayDefer &&
+        d.sender &&
+        d.sender !== 'gone' &&
+        !FINAL.has(sender.why) &&
+        this.#deferred.length < MAX_DEFERRED
+      ) {
+        this.#deferred.push(d);
+        return true;
+      }
+      const why = sender.why === 'unknown' ? 'the kernel named no sender' : describeRejection(sender.pid, sender.why);
+      this.#ignore(d.pid, why);
+      return false;
+    }
+    const id = this.#a.id;
+    if (n.status !== undefined) {
+      this.#lastStatus = n.status;
+      this.#emit('status', { id, pid: sender.pid, status: n.status, message: `STATUS=${n.status}` });
+    }
+    if (this.#running) {
+      // The target was recorded at launch: a later MAINPID= would be a new one, unproven for recovery.
+      if (n.mainPid !== undefined) this.#ignore(sender.pid, `MAINPID=${n.mainPid} once running is not followed`);
+      return false;
+    }
+    if (n.mainPid !== undefined) this.#offerMainPid(n.mainPid, sender.pid);
+    if (n.ready) this.#ready = true;
+    return false;
+  }
+
+  #ignore(pid: number, why: string): void {
+    this.#ignored++;
+    if (this.#ignored > MAX_WARNINGS) return;
+    const more = this.#ignored === MAX_WARNINGS ? ' (further ones are not reported)' : '';
+    this.#emit('warning', { id: this.#a.id, pid, message: `notification on ${this.address} ignored: ${why}${more}` });
+  }
+
+  /**
+   * Whether the sender is the instance's. Read under a pin of its own, checked against the kernel's pidfd
+   * on the sender where there is one: alive after the read means the pid was still the sender's.
+   */
+  #judgeSender(d: NotifyDatagram): Sender {
+    const pid = d.pid;
+    if (!isTargetPid(pid)) return { ours: false, pid, why: 'unknown' };
+    // The kernel's pin names the sender exactly: the confirmed target is ours even if it exited since it sent
+    // (a daemon's parent that says MAINPID= and READY=1, then exits).
+    const target = this.#a.identity;
+    if (d.senderId !== null && target?.pidfsId && d.senderId === target.pidfsId && pid === target.pid)
+      return { ours: true, pid };
+    if (d.sender === 'gone') return { ours: false, pid, why: 'gone' };
+    let pinned: ReturnType<typeof backend.inspectPinned>;
+    try {
+      pinned = backend.inspectPinned(pid);
+    } catch (err) {
+      if (isNoProcess(err)) return { ours: false, pid, why: 'gone' };
+      throw err;
+    }
+    try {
+      if (d.sender && !pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
+      const live = toIdentity(pid, pinned.raw, backend.bootId());
+      if (this.#held(live)) return { ours: true, pid };
+      const a = this.#a;
+      // Only pins still held: an exited launcher's pid may be someone else's by now, and so its children.
+      const held = [a.child, a.target].filter((h): h is ProcessHandle => !!h && !h.hasExited);
+      const pids = new Set<number>(held.map((h) => h.pid));
+      const j = judge(claimOf(a), live, { pids, session: a.session }, false, () =>
+        backend.readEnviron(pinned.ref, ENVIRON_MAX_BYTES),
+      );
+      return j.ours ? { ours: true, pid } : { ours: false, pid, why: j.why };
+    } finally {
+      pinned.ref.close();
+    }
+  }
+
+  /** The live process is one custody already holds for the attempt: its own child (unreaped) or the confirmed target. */
+  #held(live: ProcessIdentity): boolean {
+    const a = this.#a;
+    if (live.state === 'Z' || live.state === 'X') return false;
+    if (a.child && live.pid === a.child.pid && !a.child.exitStatus) return true;
+    const id = a.identity;
+    return (
+      !!a.target &&
+      !!id &&
+      live.pid === a.target.pid &&
+      live.startTicks === id.startTicks &&
+      (!id.pidfsId || !live.pidfsId || id.pidfsId === live.pidfsId)
+    );
+  }
+
+  /** MAINPID=n from an accepted sender: pinned and judged on its own marks, as a pid a launcher reports. */
+  #offerMainPid(pid: number, from: number): void {
+    const a = this.#a;
+    if (!isTargetPid(pid)) {
+      this.#ignore(from, `MAINPID=${String(pid)} is not a pid`);
+      return;
+    }
+    if (a.target && a.target.pid === pid && !this.#mainPid) return;
+    let pinned: ReturnType<typeof backend.inspectPinned>;
+    try {
+      pinned = backend.inspectPinned(pid, { reapIfChild: true });
+    } catch (err) {
+      if (!isNoProcess(err)) throw err;
+      this.#ignore(from, `MAINPID=${pid} names no process`);
+      return;
+    }
+    const live = toIdentity(pid, pinned.raw, backend.bootId());
+    const ref = pinned.ref;
+    const j = judge(claimOf(a), live, undefined, true, () => backend.readEnviron(ref, ENVIRON_MAX_BYTES));
+    if (!j.ours) {
+      ref.close();
+      this.#ignore(from, `MAINPID=${pid}: ${describeRejection(pid, j.why)}`);
+      return;
+    }
+    this.#mainPid?.handle.close();
+    this.#mainPid = { handle: new ProcessHandle(ref, { identity: live }), identity: live, from };
+  }
+
+  /** Makes an accepted MAINPID the target, recorded from the inspection that accepted it. */
+  #applyMainPid(): void {
+    const next = this.#mainPid;
+    if (!next) return;
+    this.#mainPid = null;
+    const a = this.#a;
+    const old = a.target;
+    if (old && old.pid === next.identity.pid) {
+      next.handle.close();
+      return;
+    }
+    a.target = next.handle;
+    a.identity = next.identity;
+    if (old && old !== a.child) old.close();
+    this.#emit('confirm', {
+      id: a.id,
+      pid: next.identity.pid,
+      identity: next.identity,
+      message:
+        `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule: the target now, ` +
+        'its identity recorded from that inspection',
+    });
+  }
+
+  /**
+   * After confirm: resolves once an accepted READY=1 has arrived (perhaps long before), applying MAINPID as it
+   * comes. Fails the moment the target exits (with its status and stderr tail), at the deadline with
+   * ERR_CUSTODY_READY_TIMEOUT, and on abort.
+   */
+  async wait(timeoutMs: number, signal?: AbortSignal): Promise<void> {
+    const a = this.#a;
+    const deadline = Date.now() + timeoutMs;
+    // The target is confirmed now: what came from senders not provable before is judged again, in order.
+    for (const d of this.#deferred.splice(0)) this.#take(d, false);
+    for (;;) {
+      if (this.#error) throw this.#error;
+      this.#applyMainPid();
+      if (this.#ready) return;
+      const target = a.target;
+      // wait() runs after confirm, which sets the target or fails the launch.
+      if (!target) throw new Error('custody: notify wait() before the target was confirmed');
+      const woken = new Promise<'woken'>((resolve) => (this.#wake = () => resolve('woken')));
+      const died = target.gone.then(() => 'died' as const);
+      let r: 'woken' | 'died' | typeof TIMED_OUT;
+      try {
+        r = await within(Promise.race([woken, died]), Math.max(0, deadline - Date.now()), signal);
+      } finally {
+        this.#wake = null;
+      }
+      if (r === TIMED_OUT) throw new ReadyTimeoutError(a.id, timeoutMs, this.#detail());
+      if (r !== 'died') continue;
+      // A daemon that forks its main process sends MAINPID=, then exits: that datagram may be read in the
+      // same turn of the loop as the exit is seen. One more turn, then the exit counts.
+      await new Promise((resolve) => setImmediate(resolve));
+      if (this.#mainPid || this.#ready || this.#error) continue;
+      throw exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
+    }
+  }
+
+  #detail(): string {
+    const parts = [`no READY=1 from the instance on ${this.address}`];
+    if (this.#lastStatus !== undefined)
+      parts.push(`its last STATUS= was ${JSON.stringify(this.#lastStatus.slice(0, 200))}`);
+    if (this.#ignored) parts.push(`${this.#ignored} notification(s) from processes not the instance's were ignored`);
+    return parts.join('; ');
+  }
+
+  /**
+   * Ready: the socket stays while the instance runs, for STATUS= updates (status events) and for barriers
+   * (sd_notify_barrier(3): systemd-notify waits on one after its message and fails if nobody is there). It no
+   * longer keeps the event loop alive, and closes when the target is gone or `close()` is called.
+   */
+  keep(): void {
+    if (this.#closed) return;
+    this.#running = true;
+    this.#listener.unref();
+    const target = this.#a.target;
+    if (target) void target.gone.then(() => this.close());
+    else this.close();
+  }
+
+  /** Closes the socket and any MAINPID pin not taken. Idempotent; every path of a launch ends here. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#listener.close();
+    for (const d of this.#deferred.splice(0)) if (d.sender && d.sender !== 'gone') d.sender.close();
+    this.#mainPid?.handle.close();
+    this.#mainPid = null;
+    this.#wake?.();
+  }
+}

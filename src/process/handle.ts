@@ -1,0 +1,349 @@
+/**
+ * ProcessHandle: one process, pinned. open() pins an existing process after
+ * proving it is the expected one; spawn() pins a new child from birth.
+ */
+import { accessSync, closeSync, constants as fsConstants, statSync } from 'node:fs';
+import * as path from 'node:path';
+import type { Readable, Writable } from 'node:stream';
+import { fsPath } from '../bytes.js';
+import { backend } from '../backend/index.js';
+import type { PidRef, StdioTarget } from '../backend/types.js';
+import {
+  errnoError,
+  BadCgroupError,
+  IdentityMismatchError,
+  IdentityUnrecordedError,
+  InvalidArgError,
+  UnsupportedError,
+} from '../errors.js';
+import { toIdentity, verify } from './identity.js';
+import { openAppend } from '../state/logs.js';
+import { signalNumber, UNKNOWN_EXIT } from './signals.js';
+import { TIMED_OUT, within } from '../timing.js';
+import type { ExitStatus, ProcessIdentity } from '../types.js';
+import { assertCwd, assertEnv, assertFlag, assertPid, assertStringArray } from '../validate.js';
+
+/** The pin behind a handle, for this package's own modules only (see holdExit). */
+let refOf: (h: ProcessHandle) => PidRef;
+
+export class ProcessHandle {
+  static {
+    refOf = (h) => h.#ref;
+  }
+
+  readonly pid: number;
+  /** The identity proven when the handle was opened (open()); null for a fresh spawn until it is inspected. */
+  readonly identity: ProcessIdentity | null;
+  readonly stdin: Writable | null;
+  readonly stdout: Readable | null;
+  readonly stderr: Readable | null;
+  readonly #ref: PidRef;
+
+  /** @internal */
+  constructor(
+    ref: PidRef,
+    init: {
+      identity: ProcessIdentity | null;
+      stdin?: Writable | null;
+      stdout?: Readable | null;
+      stderr?: Readable | null;
+    },
+  ) {
+    this.#ref = ref;
+    this.pid = ref.pid;
+    this.identity = init.identity;
+    this.stdin = init.stdin ?? null;
+    this.stdout = init.stdout ?? null;
+    this.stderr = init.stderr ?? null;
+  }
+
+  /**
+   * Sends a signal through the pin (a pidfd on the native backend). Returns
+   * false when the process is already gone; never throws for that.
+   */
+  signal(sig: NodeJS.Signals | number = 'SIGTERM'): boolean {
+    return this.#ref.signal(signalNumber(sig));
+  }
+
+  /** Whether the process still runs (signal 0 through the pin). */
+  isAlive(): boolean {
+    return this.#ref.signal(0);
+  }
+
+  /** Settles with { code, signal } once the process has exited; both null where the kernel cannot say. */
+  get exited(): Promise<ExitStatus> {
+    return this.#ref.exited;
+  }
+
+  /** The exit status once known, else undefined. */
+  get exitStatus(): ExitStatus | undefined {
+    return this.#ref.exitStatus;
+  }
+
+  /** Settles the moment the exit is seen; `exited` may settle later, once the status is known. */
+  get gone(): Promise<void> {
+    return this.#ref.gone;
+  }
+
+  /** Whether the exit has been seen. */
+  get hasExited(): boolean {
+    return this.#ref.hasExited;
+  }
+
+  /** Keep the event loop alive while waiting for this process's exit (the default). */
+  ref(): this {
+    this.#ref.ref();
+    return this;
+  }
+
+  /** Let the event loop end while this process runs. */
+  unref(): this {
+    this.#ref.unref();
+    return this;
+  }
+
+  /** Releases the pidfd. A spawned child is still reaped when it exits, so it never lingers as a zombie. */
+  close(): void {
+    this.#ref.close();
+  }
+
+  [Symbol.for('nodejs.dispose')](): void {
+    this.close();
+  }
+}
+
+/**
+ * @internal Keeps the zombie of this child of ours, once it exits, until releaseExit() (or a bound): `gone`
+ * settles and `onHeld` is called at the exit, `exited` only once it is reaped. While unreaped, its pid, and the
+ * session it leads, can be no one else's. false where the backend cannot (js: libuv reaps) or it is not our child.
+ */
+export function holdExit(h: ProcessHandle, onHeld?: () => void): boolean {
+  return refOf(h).holdZombie?.(onHeld) ?? false;
+}
+
+/** @internal Ends holdExit(): the zombie is reaped now, or as usual when the exit comes. */
+export function releaseExit(h: ProcessHandle): void {
+  refOf(h).releaseZombie?.();
+}
+
+/** @internal Whether holdExit() holds now: the process, alive or a zombie, is unreaped, so its pid is no one else's. */
+export function exitHeld(h: ProcessHandle): boolean {
+  return refOf(h).zombieHeld?.() ?? false;
+}
+
+/**
+ * Opens a handle on an existing process. With `expected`, the live process
+ * must verify against it, and the pidfd the proof was read under is the one
+ * every later signal goes through.
+ */
+export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessHandle {
+  assertPid(pid);
+  const { raw, ref } = backend.inspectPinned(pid);
+  const identity = toIdentity(pid, raw, backend.bootId());
+  if (expected !== undefined) {
+    const result = verify({ ...expected, pid }, identity);
+    if (result.verdict !== 'ok') {
+      ref.close();
+      if (result.verdict === 'unrecorded') throw new IdentityUnrecordedError(pid, result.field ?? 'identity');
+      throw new IdentityMismatchError(pid, result.verdict, result.field);
+    }
+  }
+  return new ProcessHandle(ref, { identity });
+}
+
+export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };
+
+export interface SpawnOptions {
+  /**
+   * One value for all three, or [stdin, stdout, stderr]. 'ignore' by default. `{ file }` appends to a regular
+   * file (created 0600; a symlink, FIFO or device there is ERR_CUSTODY_BAD_LOG).
+   */
+  stdio?: StdioOption | [StdioOption, StdioOption, StdioOption];
+  /** The child's environment; process.env by default. */
+  env?: Record<string, string | undefined>;
+  cwd?: string;
+  /** A new session (setsid): for long-lived processes that must not share our terminal or process group. */
+  detached?: boolean;
+  /** A new process group (setpgid), so the group can be signalled as one. Implied by detached; on the js backend it also means a new session (child_process has no setpgid alone). */
+  newGroup?: boolean;
+  /** argv[0] as the program sees it; the command by default. */
+  argv0?: string;
+  /**
+   * An absolute cgroup v2 directory the child starts in: it is placed there
+   * before it execs, so nothing it forks, double-forks or setsids can start
+   * outside (capabilities().cgroup.placement says how). A child that cannot
+   * be placed is never run: ERR_CUSTODY_BAD_CGROUP.
+   */
+  cgroup?: string;
+}
+
+/**
+ * How a process ended, once its exit has been seen: at once for our own children, within `ms` for one whose
+ * parent must reap it first (PIDFD_INFO_EXIT), else unknown. Never longer than `ms`; aborts with `signal`.
+ */
+export async function exitStatusWithin(h: ProcessHandle, ms: number, signal?: AbortSignal): Promise<ExitStatus> {
+  const st = h.exitStatus ?? (await within(h.exited, ms, signal));
+  return st === TIMED_OUT ? UNKNOWN_EXIT : st;
+}
+
+/** PATH search, done here so both backends fail the same way (ENOENT, EACCES) before any process exists. */
+export function resolveExecutable(command: string, env: Record<string, string | undefined>, cwd?: string): string {
+  const errno = (code: 'ENOENT' | 'EACCES', p: string) => errnoError(code, 'spawn', p);
+  const check = (p: string): string | 'ENOENT' | 'EACCES' => {
+    try {
+      const st = statSync(fsPath(p));
+      if (!st.isFile()) return 'EACCES';
+      accessSync(fsPath(p), fsConstants.X_OK);
+      return p;
+    } catch (err) {
+      return (err as NodeJS.ErrnoException).code === 'EACCES' ? 'EACCES' : 'ENOENT';
+    }
+  };
+  if (command.includes('/')) {
+    const p = path.resolve(cwd ?? process.cwd(), command);
+    const r = check(p);
+    if (r === 'ENOENT' || r === 'EACCES') throw errno(r, command);
+    return p;
+  }
+  let sawEacces = false;
+  for (const dir of (env.PATH ?? '/usr/local/bin:/usr/bin:/bin').split(':')) {
+    if (!dir) continue;
+    const r = check(path.resolve(cwd ?? process.cwd(), dir, command));
+    if (r === 'EACCES') sawEacces = true;
+    else if (r !== 'ENOENT') return r;
+  }
+  throw errno(sawEacces ? 'EACCES' : 'ENOENT', command);
+}
+
+/** Turns spawn options into backend stdio targets; opens `{ file }` targets (the caller closes them). */
+export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [StdioTarget, StdioTarget, StdioTarget] {
+  // The default, and the common case of a busy spawner: nothing to open.
+  if (stdio === undefined || stdio === 'ignore') return ['ignore', 'ignore', 'ignore'];
+  const list = Array.isArray(stdio) ? stdio : [stdio, stdio, stdio];
+  if (list.length !== 3) throw new InvalidArgError('stdio must be one value or three');
+  return list.map((s, i): StdioTarget => {
+    if (s === 'ignore' || s === 'inherit' || s === 'pipe') return s;
+    if (s && typeof s === 'object' && 'fd' in s && Number.isInteger(s.fd) && s.fd >= 0) return { fd: s.fd };
+    if (s && typeof s === 'object' && 'file' in s && typeof s.file === 'string' && s.file && !s.file.includes('\0')) {
+      if (i === 0) throw new InvalidArgError('stdin cannot append to a file');
+      // Opened here, closed by the caller right after spawn: only the child
+      // keeps it. Never through a symlink, never a FIFO (it would hang us or
+      // the child): ERR_CUSTODY_BAD_LOG.
+      const fd = openAppend(s.file);
+      opened.push(fd);
+      return { fd };
+    }
+    throw new InvalidArgError(`stdio[${i}] must be 'ignore', 'inherit', 'pipe', { file } or { fd }`);
+  }) as [StdioTarget, StdioTarget, StdioTarget];
+}
+
+/** A spawn that failed to enter its cgroup (opening or writing cgroup.procs) says so; any other failure is its own. */
+function placementError(cgroup: string, err: unknown): unknown {
+  const e = err as NodeJS.ErrnoException;
+  const procs = path.join(cgroup, 'cgroup.procs');
+  if (e?.syscall === 'write' || (e?.syscall === 'open' && e.path === procs)) {
+    return new BadCgroupError(cgroup, `the child could not enter it (${e.syscall} ${e.code}); nothing was run`, {
+      cause: err,
+    });
+  }
+  return err;
+}
+
+/** An environment as execve's list; spawn() has checked it (assertEnv). */
+function envList(env: Record<string, string | undefined>): string[] {
+  const out: string[] = [];
+  for (const [k, v] of Object.entries(env)) if (v !== undefined) out.push(`${k}=${v}`);
+  return out;
+}
+
+/** A stream exists exactly where its slot is 'pipe'; a union (a stdio value not known until run time) gives both. */
+type PipeOr<S, Stream> = S extends 'pipe' ? Stream : null;
+/** Slot I of a stdio option: one value stands for all three. */
+type StdioSlot<S, I extends 0 | 1 | 2> = S extends readonly [StdioOption, StdioOption, StdioOption] ? S[I] : S;
+
+/** The handle spawn() returns for the stdio option S: stdin, stdout and stderr typed non-null where S pipes them. */
+export type SpawnedHandle<S extends SpawnOptions['stdio']> = ProcessHandle & {
+  readonly stdin: PipeOr<StdioSlot<S, 0>, Writable>;
+  readonly stdout: PipeOr<StdioSlot<S, 1>, Readable>;
+  readonly stderr: PipeOr<StdioSlot<S, 2>, Readable>;
+};
+
+/**
+ * Spawns a child and returns its handle. On the native backend the pidfd
+ * comes with the pid (clone CLONE_PIDFD), the child is created without
+ * copying our page tables (CLONE_VM | CLONE_VFORK), and exec failure
+ * (ENOENT, EACCES) is thrown synchronously with nothing left behind.
+ *
+ * With `stdio` written out (`'pipe'`, or `['ignore', 'pipe', 'pipe']`) the
+ * handle's streams are typed by it: non-null where piped, null elsewhere.
+ */
+export function spawn<S extends SpawnOptions['stdio']>(
+  command: string,
+  args: readonly string[],
+  options: SpawnOptions & { stdio: S },
+): SpawnedHandle<S>;
+export function spawn(command: string, args?: readonly string[], options?: SpawnOptions): ProcessHandle;
+export function spawn(command: string, args: readonly string[] = [], options: SpawnOptions = {}): ProcessHandle {
+  if (typeof command !== 'string' || command === '' || command.includes('\0')) {
+    throw new InvalidArgError('command must be a non-empty string without NUL bytes');
+  }
+  assertStringArray(args, 'args');
+  assertCwd(options.cwd);
+  if (options.env !== undefined) assertEnv(options.env);
+  assertFlag(options.detached, 'detached');
+  assertFlag(options.newGroup, 'newGroup');
+  if (options.argv0 !== undefined) {
+    // An empty argv[0] is the kernel's to allow; not a string, or a NUL, is nothing execve can carry.
+    if (typeof options.argv0 !== 'string') throw new InvalidArgError('argv0 must be a string');
+    assertStringArray([options.argv0], 'argv0');
+  }
+  if (options.cgroup !== undefined) {
+    if (typeof options.cgroup !== 'string' || !path.isAbsolute(options.cgroup) || options.cgroup.includes('\0')) {
+      throw new InvalidArgError('cgroup must be an absolute path without NUL bytes');
+    }
+    if (!backend.cgroupPlacement)
+      throw new UnsupportedError(
+        `cannot place a child in a cgroup: ${backend.cgroupPlacementReason ?? 'this backend cannot'}`,
+      );
+  }
+  const env = options.env ?? process.env;
+  // Without options.env the native child takes our environ as it is: copying
+  // process.env through JavaScript cost more than the spawn itself.
+  const envp = options.env === undefined ? null : envList(options.env);
+  // With a path, the native spawn's execve reports ENOENT and EACCES itself,
+  // synchronously; the js backend learns them only after the fact.
+  // An absolute path goes to execve as given, as child_process passes it.
+  const file =
+    command.includes('/') && backend.name === 'native'
+      ? command.startsWith('/')
+        ? command
+        : path.resolve(options.cwd ?? '', command)
+      : resolveExecutable(command, env, options.cwd);
+  const opened: number[] = [];
+  try {
+    const stdio = stdioTargets(options.stdio, opened);
+    let child: ReturnType<typeof backend.spawn>;
+    try {
+      child = backend.spawn({
+        file,
+        argv: [options.argv0 ?? command, ...args],
+        env: envp,
+        cwd: options.cwd,
+        stdio,
+        newSession: options.detached === true,
+        newGroup: options.newGroup === true,
+        cgroup: options.cgroup ?? null,
+      });
+    } catch (err) {
+      throw options.cgroup ? placementError(options.cgroup, err) : err;
+    }
+    return new ProcessHandle(child.ref, {
+      identity: null,
+      stdin: child.stdin,
+      stdout: child.stdout,
+      stderr: child.stderr,
+    });
+  } finally {
+    for (const fd of opened) closeSync(fd);
+  }
+}

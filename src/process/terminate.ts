@@ -1,0 +1,118 @@
+/**
+ * terminate(): TERM, a bounded wait, KILL, a bounded wait, proven gone. A
+ * process that is already gone is success. Signals go only through the
+ * handle's pin, so they reach the proven process or nobody.
+ *
+ * It returns the moment the exit is seen: the status is what the kernel has
+ * by then (a non-child's exists only once its own parent reaps it, and an
+ * init that reaps slowly would otherwise add its delay to every stop).
+ */
+import { AbortError, InvalidArgError, StopTimeoutError } from '../errors.js';
+import { exitStatusWithin, ProcessHandle } from './handle.js';
+import { signalNumber, UNKNOWN_EXIT } from './signals.js';
+import { TIMED_OUT, within } from '../timing.js';
+import { assertDuration, assertSignallable } from '../validate.js';
+
+export interface TerminateOptions {
+  /** The polite signal. Default SIGTERM. */
+  termSignal?: NodeJS.Signals | number;
+  /** How long to wait after termSignal before escalating. Default 2000 ms. */
+  graceMs?: number;
+  /** The signal that cannot be ignored. Default SIGKILL. */
+  killSignal?: NodeJS.Signals | number;
+  /** How long to wait after killSignal for the exit to be seen. Default 5000 ms. */
+  killWaitMs?: number;
+  /**
+   * The caller's cancellation. Already aborted: an AbortError, nothing sent.
+   * Aborted midway: "force it now": killSignal, a wait of up to killWaitMs for
+   * the exit, then the AbortError (StopTimeoutError if it outlives even that),
+   * so an abort never leaves a process half-stopped.
+   */
+  signal?: AbortSignal;
+  /** Called when escalating to killSignal, before it is sent: a warning worth surfacing. */
+  onEscalate?: (info: { pid: number; graceMs: number }) => void;
+}
+
+export interface TerminateResult {
+  outcome: 'exited' | 'already-gone';
+  /** killSignal had to be sent. */
+  escalated: boolean;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+/**
+ * The result of ending a process by some means other than terminate() (a tree, a cgroup): 'exited' when it
+ * was alive before, with the status it ended with (waited for at most 50 ms, else unknown).
+ */
+export async function endedResult(
+  handle: ProcessHandle,
+  wasAlive: boolean,
+  escalated: boolean,
+): Promise<TerminateResult> {
+  const status = await exitStatusWithin(handle, 50);
+  return { outcome: wasAlive ? 'exited' : 'already-gone', escalated, code: status.code, signal: status.signal };
+}
+
+/** Validates a terminate call (before any signal) and fills in the defaults. */
+export function terminateParams(handle: unknown, options: TerminateOptions, what: string) {
+  if (!(handle instanceof ProcessHandle))
+    throw new InvalidArgError(`${what}() needs a ProcessHandle (from open() or spawn())`);
+  assertSignallable(handle.pid);
+  const params = {
+    termSignal: signalNumber(options.termSignal ?? 'SIGTERM'),
+    killSignal: signalNumber(options.killSignal ?? 'SIGKILL'),
+    graceMs: options.graceMs ?? 2000,
+    killWaitMs: options.killWaitMs ?? 5000,
+  };
+  assertDuration(params.graceMs, 'graceMs');
+  assertDuration(params.killWaitMs, 'killWaitMs');
+  return params;
+}
+
+export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<TerminateResult> {
+  const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(handle, options, 'terminate');
+  const abort = options.signal;
+  if (abort?.aborted) throw new AbortError(abort.reason);
+
+  // Decisions wait for the exit to be seen (`gone`), never for its status.
+  const done = (outcome: TerminateResult['outcome'], escalated: boolean): TerminateResult => {
+    const status = handle.exitStatus ?? UNKNOWN_EXIT;
+    return { outcome, escalated, code: status.code, signal: status.signal };
+  };
+  const goneWithin = async (ms: number) => {
+    try {
+      return (await within(handle.gone, ms, abort)) !== TIMED_OUT;
+    } catch (err) {
+      if (err instanceof AbortError) await forceEnd(handle, { killSignal, killWaitMs });
+      throw err;
+    }
+  };
+  if (!handle.signal(termSignal)) return done('already-gone', false);
+  if (await goneWithin(graceMs)) return done('exited', false);
+
+  options.onEscalate?.({ pid: handle.pid, graceMs });
+  const sent = handle.signal(killSignal);
+  if (!(await goneWithin(killWaitMs))) {
+    if (!handle.isAlive()) return done(sent ? 'exited' : 'already-gone', sent);
+    throw new StopTimeoutError(handle.pid, killWaitMs);
+  }
+  return done('exited', sent);
+}
+
+/**
+ * Ends a process now: killSignal (SIGKILL by default), then up to killWaitMs
+ * (5000) for the exit to be seen. Resolves once it is gone; throws
+ * StopTimeoutError if it is still alive at the bound. What an abort midway
+ * through a stop turns into.
+ */
+export async function forceEnd(
+  handle: ProcessHandle,
+  options: { killSignal?: NodeJS.Signals | number; killWaitMs?: number } = {},
+): Promise<void> {
+  const killWaitMs = options.killWaitMs ?? 5000;
+  handle.signal(signalNumber(options.killSignal ?? 'SIGKILL'));
+  if ((await within(handle.gone, killWaitMs)) === TIMED_OUT && handle.isAlive()) {
+    throw new StopTimeoutError(handle.pid, killWaitMs);
+  }
+}

@@ -23,7 +23,7 @@ import {
 import { emitter, type Emit, type EventSink } from './events.js';
 import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './process/handle.js';
 import { callHook } from './lifecycle/hooks.js';
-import { assertLogOptions, InstanceLogs } from './state/logs.js';
+import { InstanceLogs } from './state/logs.js';
 import {
   abandon,
   confirm,
@@ -61,7 +61,8 @@ import { displayArg, fsPath } from './bytes.js';
 import type { Capabilities, ProcessIdentity } from './types.js';
 import { TIMED_OUT, within } from './timing.js';
 import type { ExitStatus } from './types.js';
-import { assertCwd, assertDuration, assertEnv, assertFlag, assertString, assertStringArray } from './validate.js';
+import { assertDuration, assertStringArray } from './validate.js';
+import { validateSpec } from './lifecycle/spec.js';
 
 export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
 
@@ -1376,78 +1377,4 @@ function notFound(id: string, status?: InstanceStatus, wanted = 'running or exit
     'ERR_CUSTODY_NOT_FOUND',
     status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`,
   );
-}
-
-function validateSpec(spec: LaunchSpec): void {
-  if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');
-  assertId(spec.id);
-  if (typeof spec.command !== 'string' || spec.command === '' || spec.command.includes('\0')) {
-    throw new InvalidArgError('command must be a non-empty string without NUL bytes');
-  }
-  if (typeof spec.args !== 'function') assertStringArray(spec.args, 'args');
-  if (spec.env !== undefined) assertEnv(spec.env);
-  assertCwd(spec.cwd);
-  assertFlag(spec.detached, 'detached');
-  assertFlag(spec.processGroup, 'processGroup');
-  if ((spec.stdout as unknown) === 'pipe') {
-    // Nobody would read it: an Instance has no streams, and a daemon blocks once the pipe's 64 KiB are full.
-    throw new InvalidArgError(
-      "stdout: 'pipe' has no reader in a launch; give { file }, { fd }, 'ignore' or the default log",
-    );
-  }
-  if (spec.executable !== undefined) assertString(spec.executable, 'executable');
-  if (spec.uid !== undefined && !(Number.isSafeInteger(spec.uid) && spec.uid >= 0 && spec.uid < 2 ** 32 - 1)) {
-    throw new InvalidArgError('uid must be an integer from 0 to 4294967294');
-  }
-  if (spec.expect !== undefined) assertStringArray(spec.expect, 'expect');
-  if (spec.paths !== undefined) {
-    assertStringArray(spec.paths, 'paths');
-    for (const p of spec.paths)
-      if (!p.startsWith('/')) throw new InvalidArgError(`paths must be absolute: ${JSON.stringify(p)}`);
-  }
-  const pid = spec.pid;
-  if (
-    pid !== undefined &&
-    pid !== 'child' &&
-    typeof pid !== 'function' &&
-    !(pid && typeof pid === 'object' && typeof pid.file === 'string' && pid.file.startsWith('/'))
-  ) {
-    throw new InvalidArgError("pid must be 'child', { file: absolutePath } or a function");
-  }
-  const pidFile = !!pid && typeof pid === 'object';
-  if (spec.launcherExits !== undefined && (typeof spec.launcherExits !== 'boolean' || !pidFile)) {
-    throw new InvalidArgError('launcherExits is a boolean, and only for pid: { file }');
-  }
-  if (spec.token !== undefined && spec.token !== 'argv' && spec.token !== 'env') {
-    throw new InvalidArgError("token must be 'argv' or 'env'");
-  }
-  if (spec.ready === 'notify') {
-    // Refused before anything exists: no manifest, no process.
-    if (!backend.capabilities().notify) {
-      const why = backend.capabilities().reason ?? backend.name;
-      throw new UnsupportedError(`ready: 'notify' needs the native backend (${why})`);
-    }
-  } else if (spec.ready !== undefined && typeof spec.ready !== 'function') {
-    if (!spec.ready || typeof spec.ready.socket !== 'string' || !spec.ready.socket.startsWith('/')) {
-      throw new InvalidArgError("ready must be 'notify', { socket: absolutePath, probe?, timeoutMs? } or a function");
-    }
-    if (spec.ready.probe !== undefined && typeof spec.ready.probe !== 'function') {
-      throw new InvalidArgError('ready.probe must be a function');
-    }
-    if (spec.ready.timeoutMs !== undefined) {
-      assertDuration(spec.ready.timeoutMs, 'ready.timeoutMs');
-      if (spec.readyTimeoutMs !== undefined) {
-        throw new InvalidArgError('give readyTimeoutMs or its alias ready.timeoutMs, not both');
-      }
-    }
-  }
-  assertLogOptions(spec.logs);
-  if (spec.confirmTimeoutMs !== undefined) assertDuration(spec.confirmTimeoutMs, 'confirmTimeoutMs');
-  if (spec.abandonGraceMs !== undefined) assertDuration(spec.abandonGraceMs, 'abandonGraceMs');
-  if (spec.readyTimeoutMs !== undefined) assertDuration(spec.readyTimeoutMs, 'readyTimeoutMs');
-  if (spec.attempts !== undefined && (!Number.isInteger(spec.attempts) || spec.attempts < 1 || spec.attempts > 100)) {
-    throw new InvalidArgError('attempts must be an integer from 1 to 100');
-  }
-  if (spec.signal !== undefined && !(spec.signal instanceof AbortSignal))
-    throw new InvalidArgError('signal must be an AbortSignal');
 }

@@ -34,7 +34,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(inst.identity.argv).toContain(inst.token);
     expect(inst.token).toMatch(/^[0-9a-f]{32}$/);
     const m = manifestOf('vm-1');
-    expect(m).toMatchObject({ version: 2, id: 'vm-1', state: 'running', token: inst.token });
+    expect(m).toMatchObject({ version: 3, id: 'vm-1', state: 'running', token: inst.token });
     expect(verify(m.identity)).toEqual({ verdict: 'ok' });
     expect(ctx.supervisor.list()).toEqual([{ id: 'vm-1', status: 'running', pid: inst.pid, ppid: process.pid }]);
     const r = await ctx.supervisor.stop('vm-1', { graceMs: 5000 });

@@ -41,14 +41,21 @@ import { errnoCode, isReservedName, pathOf, readPlainFile, STATE_FORMAT, StateDi
 import type { ProcessIdentity } from '../types.js';
 import { pidMax } from '../validate.js';
 
-/** 2 adds `identity.pidNs`; version 1 (custody 0.1) is read as it is and rewritten as 2 once recovery proves it. */
-export const MANIFEST_VERSION = 2;
+/**
+ * 3 adds the `stopping` state, the confirmed identity of a `starting`
+ * manifest and the instance's durable definition (`logs`, `launcherExits`);
+ * 2 added `identity.pidNs`. Versions 1 (custody 0.1) and 2 (0.2) are read as
+ * they are and rewritten as 3 once recovery proves them.
+ */
+export const MANIFEST_VERSION = 3;
+/** The versions decodeManifest reads. */
+const READABLE_VERSIONS: readonly unknown[] = [1, 2, MANIFEST_VERSION];
 const MANIFEST = 'manifest.json';
 const MAX_MANIFEST_BYTES = 1 << 20;
 /** Temp files of a write: .manifest.<pid>.<n>.tmp (0.1 named them so too). */
 const isTempName = (name: string) => name.startsWith('.manifest.') && name.endsWith('.tmp');
 
-export type ManifestState = 'starting' | 'running' | 'quarantined';
+export type ManifestState = 'starting' | 'running' | 'stopping' | 'quarantined';
 
 /** What every manifest carries, whatever its state. */
 interface ManifestFields {
@@ -86,12 +93,24 @@ interface ManifestFields {
    * before it was recorded.
    */
   forkImage?: string | null;
+  /**
+   * The instance's log caps, as the launch gave them (absent before version
+   * 3: custody's defaults); null where its stdout and stderr were not
+   * custody's log files.
+   */
+  logs?: { maxBytes: number; keep: number } | null;
+  /** A pidfile launch whose launcher stays (pid: { file }, launcherExits: false). Absent before version 3. */
+  launcherExits?: boolean;
 }
 
-/** Written before anything is spawned: no process is confirmed yet, so none is recorded. */
+/**
+ * Written before anything is spawned (identity null), and again once exec is
+ * confirmed, before readiness (identity recorded): recovery judges the second
+ * as it judges a running one.
+ */
 export interface StartingManifest extends ManifestFields {
   state: 'starting';
-  identity: null;
+  identity: ProcessIdentity | null;
   quarantine: null;
 }
 
@@ -100,6 +119,19 @@ export interface RunningManifest extends ManifestFields {
   state: 'running';
   identity: ProcessIdentity;
   quarantine: null;
+}
+
+/**
+ * A stop (or the end of an exited instance) began: written before the first
+ * signal, so one that fails halfway or is cut off by a crash is finished by
+ * the next stop() or by recovery, never taken for a process that is gone.
+ */
+export interface StoppingManifest extends ManifestFields {
+  state: 'stopping';
+  identity: ProcessIdentity;
+  quarantine: null;
+  /** When the stop began. */
+  stoppingSince: string;
 }
 
 export interface Quarantine {
@@ -116,7 +148,7 @@ export interface QuarantinedManifest extends ManifestFields {
 }
 
 /** One instance's record; narrow on `state` for the fields that state has. */
-export type Manifest = StartingManifest | RunningManifest | QuarantinedManifest;
+export type Manifest = StartingManifest | RunningManifest | StoppingManifest | QuarantinedManifest;
 
 /** No leading dot: a dot-name is hidden from ls and could be `.` or `..`. */
 const ID_RE = /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/;
@@ -183,15 +215,18 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     throw new BadManifestError(path, 'not valid JSON', { cause: err });
   }
   if (!isObj(v)) throw new BadManifestError(path, 'not a JSON object');
-  if (v.version !== 1 && v.version !== MANIFEST_VERSION)
+  if (!READABLE_VERSIONS.includes(v.version))
     throw new BadManifestError(path, `unknown schema version ${JSON.stringify(v.version)}`);
   const bad = (why: string) => new BadManifestError(path, why);
   if (!isValidId(v.id)) throw bad('id is malformed');
   if (expectedId !== undefined && v.id !== expectedId)
     throw bad(`id ${JSON.stringify(v.id)} does not match its directory ${JSON.stringify(expectedId)}`);
   if (typeof v.token !== 'string' || !/^[0-9a-f]{32}$/.test(v.token)) throw bad('token is not 32 hex digits');
-  if (v.state !== 'starting' && v.state !== 'running' && v.state !== 'quarantined')
-    throw bad(`unknown state ${JSON.stringify(v.state)}`);
+  const states =
+    v.version === MANIFEST_VERSION
+      ? ['starting', 'running', 'stopping', 'quarantined']
+      : ['starting', 'running', 'quarantined'];
+  if (!states.includes(v.state as string)) throw bad(`unknown state ${JSON.stringify(v.state)}`);
   if (typeof v.command !== 'string' || v.command === '') throw bad('command is malformed');
   if (!isStrArr(v.args)) throw bad('args is not a list of strings');
   if (v.tokenMode !== undefined && v.tokenMode !== 'argv' && v.tokenMode !== 'env') throw bad('tokenMode is malformed');
@@ -229,8 +264,17 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (v.quarantine !== null && !(isObj(v.quarantine) && typeof v.quarantine.reason === 'string'))
     throw bad('quarantine is malformed');
   // Each state has the fields custody writes in it, and only those: a mix is no state custody was ever in.
-  if (v.state === 'running' && v.identity === null) throw bad('a running manifest has no identity');
-  if (v.state === 'starting' && v.identity !== null) throw bad('a starting manifest has an identity');
+  if (v.logs !== undefined && v.logs !== null) {
+    const l = v.logs;
+    if (!(isObj(l) && isInt(l.maxBytes, 0) && isInt(l.keep, 0))) throw bad('logs is malformed');
+  }
+  if (v.launcherExits !== undefined && typeof v.launcherExits !== 'boolean') throw bad('launcherExits is malformed');
+  if ((v.state === 'running' || v.state === 'stopping') && v.identity === null)
+    throw bad(`a ${v.state} manifest has no identity`);
+  if (v.state === 'stopping' && !(typeof v.stoppingSince === 'string')) throw bad('stoppingSince is malformed');
+  // Before version 3 a starting manifest never held the confirmed identity.
+  if (v.state === 'starting' && v.identity !== null && v.version !== MANIFEST_VERSION)
+    throw bad('a starting manifest has an identity');
   if (v.state === 'quarantined' && v.quarantine === null) throw bad('a quarantined manifest has no quarantine');
   if (v.state !== 'quarantined' && v.quarantine !== null) throw bad(`a ${v.state} manifest has a quarantine`);
   return v as unknown as Manifest;

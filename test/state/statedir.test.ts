@@ -352,10 +352,10 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
     expect(JSON.parse(readFileSync(join(d.stateDir, '.custody'), 'utf8'))).toMatchObject({ format: 2 });
     for (const id of ['vm-a', 'vm-b'] as const) {
       const key = id.slice(3) as 'a' | 'b';
-      expect(d.manifest(id)).toEqual({ ...v1[key], version: 2 });
+      expect(d.manifest(id)).toEqual({ ...v1[key], version: 3 });
     }
     expect(d.manifest('vm-s')).toMatchObject({
-      version: 2,
+      version: 3,
       state: 'running',
       token: v1.s.token,
       identity: { pid: d.pids.s },

@@ -255,18 +255,18 @@ describe(`the manifest decoder (${backend.name})`, () => {
     const s = await opened();
     await s.launch('vm');
     const m = s.manifest('vm');
-    return (identity: Record<string, unknown>, version = 2) =>
+    return (identity: Record<string, unknown>, version = 3) =>
       decodeManifest(JSON.stringify({ ...m, version, identity: { ...m.identity, ...identity } }), 'm', 'vm');
   }
 
-  it('reads versions 1 and 2, with pidNs absent, null or an inode number, and nothing else', async () => {
+  it('reads versions 1, 2 and 3, with pidNs absent, null or an inode number, and nothing else', async () => {
     const decode = await decoder();
-    for (const version of [1, 2]) expect(decode({}, version).version).toBe(version);
+    for (const version of [1, 2, 3]) expect(decode({}, version).version).toBe(version);
     expect(decode({ pidNs: null }).identity).toMatchObject({ pidNs: null });
     expect(decode({ pidNs: 4026531836 }).identity).toMatchObject({ pidNs: 4026531836 });
     for (const pidNs of [-1, 1.5, '4026531836', 2 ** 60, true, {}])
       expect(() => decode({ pidNs })).toThrow(/identity\.pidNs/);
-    expect(() => decode({}, 3)).toThrow(/unknown schema version 3/);
+    expect(() => decode({}, 4)).toThrow(/unknown schema version 4/);
   });
 
   it('takes identity.pid only as a pid, 1 to pid_max', async () => {

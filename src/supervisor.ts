@@ -5,13 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { closeSync, openSync, statSync } from 'node:fs';
-import {
-  CgroupRoot,
-  validateLimits,
-  type CgroupOptions,
-  type CgroupUsage,
-  type InstanceCgroup,
-} from './process/cgroup.js';
+import { CgroupRoot, validateLimits, type CgroupUsage, type InstanceCgroup } from './process/cgroup.js';
 import {
   AbortError,
   CustodyError,
@@ -20,10 +14,10 @@ import {
   QuarantinedError,
   UnsupportedError,
 } from './errors.js';
-import { emitter, type Emit, type EventSink } from './events.js';
+import { emitter, type Emit } from './events.js';
 import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './process/handle.js';
 import { callHook } from './lifecycle/hooks.js';
-import { InstanceLogs } from './state/logs.js';
+import { InstanceLogs, logLimits } from './state/logs.js';
 import {
   abandon,
   confirm,
@@ -40,6 +34,7 @@ import {
 } from './lifecycle/launch.js';
 import { NotifyChannel } from './lifecycle/notify.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
+import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';
 import {
   assertEntryName,
@@ -49,7 +44,7 @@ import {
   type Manifest,
   type StartingManifest,
 } from './state/store.js';
-import { endedResult, forceEnd, terminate, type TerminateResult } from './process/terminate.js';
+import { endedResult, forceEnd, terminate } from './process/terminate.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './process/sweep.js';
 import { sessionLeftovers, terminateCgroup, terminateMembers, terminateTree } from './process/tree.js';
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
@@ -64,85 +59,7 @@ import type { ExitStatus } from './types.js';
 import { assertDuration, assertStringArray } from './validate.js';
 import { validateSpec } from './lifecycle/spec.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
-
-export interface InstanceInfo {
-  id: string;
-  status: InstanceStatus;
-  pid: number | null;
-  /** The live parent pid, read now (a daemon is re-parented after its launcher exits); null once it is gone. */
-  ppid: number | null;
-  reason?: string;
-  field?: string;
-  exit?: ExitStatus;
-  /** The instance's cgroup (absolute path), where it has one. */
-  cgroup?: string | null;
-}
-
-export interface SupervisorOptions {
-  /**
-   * Custody's own dir: created 0700 if missing, stamped `.custody`; refused
-   * if it is /, $HOME, /etc, a dir that is not custody's, or a path another
-   * uid could change (ERR_CUSTODY_NOT_CUSTODY_DIR, ERR_CUSTODY_UNSAFE_PATH).
-   */
-  stateDir: string;
-  /** Create the state dir when it does not exist (default true); false: ERR_CUSTODY_NO_STATE_DIR, nothing created. */
-  create?: boolean;
-  /** Receives every event; also published on diagnostics_channel `custody:<type>`. Warnings never get lost: without a sink they become process warnings. */
-  onEvent?: EventSink;
-  /** Off Linux or without /proc ownership cannot be proven: adopt anyway (a warning each time) instead of quarantining. */
-  allowUnprovable?: boolean;
-  /** Keep the event loop alive while supervised processes run. Default false: they are detached daemons. */
-  keepAlive?: boolean;
-  /**
-   * Become a child subreaper (PR_SET_CHILD_SUBREAPER, native backend): a
-   * daemon that double-forks away from its launcher (QEMU -daemonize) is
-   * re-parented to this process instead of init, stays visible, and custody
-   * reaps it when it exits. Process-wide; only pids custody launched or
-   * adopted are reaped, never children of Node's child_process.
-   */
-  subreaper?: boolean;
-  /** Heal leaked helpers while idle: sweep these exact-argv patterns every intervalMs; findings arrive as sweep events. */
-  sweep?: { intervalMs: number; patterns: SweepOptions[] };
-  /**
-   * Instance cgroups (cgroup v2): `root` is a cgroup directory this process
-   * may create cgroups in (created if absent). Each launch gets its own
-   * cgroup below it, entered before exec; stop ends the whole cgroup;
-   * freeze(), thaw(), usage() and LaunchSpec.limits work on it. A root that
-   * is relative, not on a cgroup v2 mount, not a directory or not writable is
-   * ERR_CUSTODY_BAD_CGROUP. Without it nothing changes.
-   */
-  cgroup?: CgroupOptions;
-}
-
-export interface StopOptions {
-  /**
-   * Stop the instance, not just its main process (default true): every
-   * member (its descendants, and the session custody created for it) is
-   * pinned and signalled through its own pidfd, rescanned until none is left
-   * after SIGKILL. false: the main process only. With a cgroup the instance
-   * is its cgroup (SIGTERM to the main process, cgroup.kill after the grace)
-   * and false is ERR_CUSTODY_INVALID_ARG.
-   */
-  tree?: boolean;
-  /** Bound of the graceful phase: the hook, or the wait after SIGTERM when there is no hook. Default 30000. */
-  graceMs?: number;
-  /**
-   * Ask the process to stop its own way (e.g. a VM powerdown over its control socket).
-   * Sync or async; bounded by graceMs.
-   */
-  graceful?: (instance: Instance, signal: AbortSignal) => unknown;
-  /** After a graceful hook, how long SIGTERM may take before SIGKILL. Default 2000. */
-  termGraceMs?: number;
-  /**
-   * Already aborted: AbortError, nothing signalled. Aborted midway: "force it now": SIGKILL, a bounded wait
-   * (5 s) until it is gone, its state removed, then AbortError. Never a half-stopped process.
-   */
-  signal?: AbortSignal;
-}
-
-/** How a stop ended: what terminate() says of the main process (the instance is stopped as a whole). */
-export type StopResult = TerminateResult;
+export type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
 
 /*
  * The table of tracked instances, one record per id, a union on `status`:
@@ -647,6 +564,9 @@ export class Supervisor {
       // What the child shows until its exec: a crash in between leaves recovery a fork to wait for.
       forkImage: ownForkImage(),
       quarantine: null,
+      // What the agent needs of the launch after a restart: the log caps, the launcher's role.
+      logs: spec.stdout === undefined || spec.stderr === undefined ? logCaps(spec.logs) : null,
+      launcherExits: spec.launcherExits !== false,
     };
     const a: Attempt = {
       id: spec.id,
@@ -1377,4 +1297,11 @@ function notFound(id: string, status?: InstanceStatus, wanted = 'running or exit
     'ERR_CUSTODY_NOT_FOUND',
     status ? `instance ${id} is ${status}, not ${wanted}` : `no instance ${id}`,
   );
+}
+
+/** The caps the manifest records: null where the launch's output does not go to custody's log files. */
+function logCaps(options: LaunchSpec['logs']): { maxBytes: number; keep: number } | null {
+  if (options === false) return null;
+  const { maxBytes, keep } = logLimits(options);
+  return { maxBytes, keep };
 }

@@ -69,6 +69,13 @@ const CHUNK = 64 * 1024;
 /** One object for every instance with the default limits (most of them), not one each. */
 const DEFAULT_LIMITS: Readonly<Required<LogOptions>> = Object.freeze({ maxBytes: LOG_MAX_BYTES, keep: LOG_KEEP });
 
+/** The caps a launch's `logs` option means; the manifest records them, so that they outlive the agent. */
+export function logLimits(options: LogOptions | undefined): Readonly<Required<LogOptions>> {
+  return options?.maxBytes === undefined && options?.keep === undefined
+    ? DEFAULT_LIMITS
+    : { maxBytes: options.maxBytes ?? LOG_MAX_BYTES, keep: options.keep ?? LOG_KEEP };
+}
+
 const APPEND = fsc.O_WRONLY | fsc.O_APPEND | fsc.O_CREAT;
 
 export function assertLogOptions(value: unknown): asserts value is false | LogOptions | undefined {
@@ -399,10 +406,7 @@ export class InstanceLogs {
       this.#limits.set(id, null);
       return null;
     }
-    const limits =
-      options?.maxBytes === undefined && options?.keep === undefined
-        ? DEFAULT_LIMITS
-        : { maxBytes: options.maxBytes ?? LOG_MAX_BYTES, keep: options.keep ?? LOG_KEEP };
+    const limits = logLimits(options);
     const files = logPaths(this.stateDir, id);
     privateDir(join(this.stateDir, LOGS_DIR));
     privateDir(files.dir);

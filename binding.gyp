@@ -5,7 +5,11 @@
       "sources": [
         "native/addon.cc",
         "native/pidfd.cc",
-        "native/proc.cc",
+        "native/procfs.cc",
+        "native/identity.cc",
+        "native/scan.cc",
+        "native/statedir.cc",
+        "native/bytes.cc",
         "native/spawn.cc",
         "native/notify.cc"
       ],
@@ -37,7 +41,11 @@
           "sources!": [
             "native/addon.cc",
             "native/pidfd.cc",
-            "native/proc.cc",
+            "native/procfs.cc",
+            "native/identity.cc",
+            "native/scan.cc",
+            "native/statedir.cc",
+            "native/bytes.cc",
             "native/spawn.cc",
             "native/notify.cc"
           ],

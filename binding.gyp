@@ -11,6 +11,7 @@
         "native/statedir.cc",
         "native/bytes.cc",
         "native/spawn.cc",
+        "native/child.cc",
         "native/notify.cc"
       ],
       "dependencies": [
@@ -47,6 +48,7 @@
             "native/statedir.cc",
             "native/bytes.cc",
             "native/spawn.cc",
+            "native/child.cc",
             "native/notify.cc"
           ],
           "sources": ["native/unsupported.cc"]

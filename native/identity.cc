@@ -236,15 +236,7 @@ Napi::Array InspectionValue(const Napi::Env& env, const Inspection& in) {
   out.Set(i++, Napi::Number::New(env, -1));  // kPidfdSlot
   out.Set(i++, Napi::Number::New(env, static_cast<double>(r.st.session)));
   out.Set(i++, Napi::Number::New(env, static_cast<double>(r.pid_ns)));
-  size_t start = 0;
-  while (start < r.cmdline.size()) {
-    size_t nul = r.cmdline.find('\0', start);
-    if (nul == std::string::npos) nul = r.cmdline.size();
-    // As a napi_value: Set() would otherwise take the implicit std::string
-    // conversion, re-encoding escaped bytes to U+FFFD.
-    out.Set(i++, static_cast<napi_value>(DecodeBytes(env, r.cmdline.data() + start, nul - start)));
-    start = nul + 1;
-  }
+  AppendArgv(env, out, i, r.cmdline);
   return out;
 }
 

@@ -1,6 +1,6 @@
 // The /proc primitives every reader shares: a whole-file read, the stat
-// parser (and parseStat, its test hook), and the live thread of a zombie
-// leader.
+// parser (and parseStat, its test hook), the live thread of a zombie leader,
+// and the split of a cmdline into argv words.
 #include "procfs.h"
 
 #include <dirent.h>
@@ -104,6 +104,20 @@ int LiveThreadDir(int piddir, int pid, char* state) {
     close(thread);
     if (err != 0 && !Vanished(err)) return -err;
   }
+}
+
+uint32_t AppendArgv(const Napi::Env& env, Napi::Array out, uint32_t i, const std::string& cmdline) {
+  uint32_t words = 0;
+  size_t start = 0;
+  while (start < cmdline.size()) {
+    size_t nul = cmdline.find('\0', start);
+    if (nul == std::string::npos) nul = cmdline.size();
+    // As a napi_value: Set() would otherwise take the implicit std::string
+    // conversion, re-encoding escaped bytes to U+FFFD.
+    out.Set(i + words++, static_cast<napi_value>(DecodeBytes(env, cmdline.data() + start, nul - start)));
+    start = nul + 1;
+  }
+  return words;
 }
 
 std::string ProcRootArg(const Napi::CallbackInfo& info, size_t i) {

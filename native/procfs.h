@@ -1,6 +1,7 @@
 // What the /proc readers (identity.cc, scan.cc) and the threadpool batches
 // (those two and statedir.cc) share: an owned fd, a whole-file read, the stat
-// line, the zombie leader's live thread, and the promise-settling job.
+// line, the zombie leader's live thread, the argv words of a cmdline, and
+// the promise-settling job.
 #pragma once
 
 #include "common.h"
@@ -50,6 +51,10 @@ bool ParseStat(const std::string& text, Stat* out);
 // A dir fd on a live thread of a zombie thread-group leader (the caller
 // closes it) with that thread's state, -1 when no thread lives, or -errno.
 int LiveThreadDir(int piddir, int pid, char* state);
+
+// Sets out[i], out[i + 1]... to the NUL-separated words of a cmdline (a
+// last word without its NUL too), each decoded losslessly; returns how many.
+uint32_t AppendArgv(const Napi::Env& env, Napi::Array out, uint32_t i, const std::string& cmdline);
 
 // A job on the libuv threadpool that reads /proc (or a state dir) and settles
 // a promise: the scan of thousands of processes takes tens of milliseconds of

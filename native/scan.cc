@@ -161,15 +161,8 @@ class ScanWorker : public ProcWorker {
         out.Set(i++, Napi::Number::New(env, static_cast<double>(r.flags)));
       }
       const uint32_t argc_slot = i++;
-      uint32_t argc = 0;
-      size_t start = 0;
-      while (start < r.cmdline.size()) {
-        size_t nul = r.cmdline.find('\0', start);
-        if (nul == std::string::npos) nul = r.cmdline.size();
-        out.Set(i++, static_cast<napi_value>(DecodeBytes(env, r.cmdline.data() + start, nul - start)));
-        argc++;
-        start = nul + 1;
-      }
+      uint32_t argc = AppendArgv(env, out, i, r.cmdline);
+      i += argc;
       out.Set(argc_slot, Napi::Number::New(env, argc));
     }
     return out;

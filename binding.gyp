@@ -5,8 +5,13 @@
       "sources": [
         "native/addon.cc",
         "native/pidfd.cc",
-        "native/proc.cc",
+        "native/procfs.cc",
+        "native/identity.cc",
+        "native/scan.cc",
+        "native/statedir.cc",
+        "native/bytes.cc",
         "native/spawn.cc",
+        "native/child.cc",
         "native/notify.cc"
       ],
       "dependencies": [
@@ -37,8 +42,13 @@
           "sources!": [
             "native/addon.cc",
             "native/pidfd.cc",
-            "native/proc.cc",
+            "native/procfs.cc",
+            "native/identity.cc",
+            "native/scan.cc",
+            "native/statedir.cc",
+            "native/bytes.cc",
             "native/spawn.cc",
+            "native/child.cc",
             "native/notify.cc"
           ],
           "sources": ["native/unsupported.cc"]

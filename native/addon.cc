@@ -221,7 +221,11 @@ Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   exports.Set("constants", constants);
 
   InitPidfd(env, exports);
-  InitProc(env, exports);
+  InitProcfs(env, exports);
+  InitIdentity(env, exports);
+  InitScan(env, exports);
+  InitStateDir(env, exports);
+  InitBytes(env, exports);
   InitSpawn(env, exports);
   InitNotify(env, exports);
   return exports;

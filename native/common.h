@@ -142,7 +142,11 @@ Napi::String DecodeBytes(const Napi::Env& env, const char* data, size_t len);
 std::string EncodeBytes(const Napi::Value& v, const char* name);
 
 void InitPidfd(Napi::Env env, Napi::Object exports);
-void InitProc(Napi::Env env, Napi::Object exports);
+void InitProcfs(Napi::Env env, Napi::Object exports);
+void InitIdentity(Napi::Env env, Napi::Object exports);
+void InitScan(Napi::Env env, Napi::Object exports);
+void InitStateDir(Napi::Env env, Napi::Object exports);
+void InitBytes(Napi::Env env, Napi::Object exports);
 void InitSpawn(Napi::Env env, Napi::Object exports);
 void InitNotify(Napi::Env env, Napi::Object exports);
 void CleanupWatchers(AddonData* data);

@@ -9,6 +9,8 @@
 // makes sharing memory safe and lets the child report exec failure by writing
 // into our memory. On x86_64 the same clone goes through clone3, adding
 // CLONE_CLEAR_SIGHAND (see Clone3 below); clone() is the fallback.
+// SpawnAndInitChild below picks the path; the child's steps before exec are
+// child.cc's.
 //
 // Instance cgroups: the child writes "0" (itself) into the target cgroup's
 // cgroup.procs, through an fd the parent opened, before it does anything
@@ -17,12 +19,13 @@
 // with CLONE_INTO_CGROUP (Linux 5.7), on every architecture and on the
 // clone() fallback too; probeCloneIntoCgroup() reports whether the kernel
 // has that flag, for capabilities().
-#include "common.h"
+#include "spawn.h"
 
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -49,139 +52,7 @@ constexpr int64_t kSpawnFlagsAll = kSpawnNewSession | kSpawnNewGroup | kSpawnCop
 // spawn() returns pid * kSpawnPidScale + pidfd (exported as SPAWN_PID_SCALE).
 constexpr double kSpawnPidScale = 2147483648.0;  // 2^31
 
-struct ChildArgs {
-  const char* file;
-  char* const* argv;
-  char* const* envp;
-  const char* cwd;  // nullptr: inherit
-  int stdio[3];     // fd to become 0, 1, 2
-  bool new_session;
-  bool new_group;
-  // cgroup.procs of the cgroup to start in (opened O_WRONLY by the parent),
-  // or -1 to stay in ours.
-  int cgroup_procs;
-  // Non-zero when cloned with CLONE_FILES: the child's first act on the
-  // shared fd table is to take a private copy of only the fds below this.
-  unsigned int keep_below;
-  // Cloned with CLONE_CLEAR_SIGHAND: the kernel has already put every
-  // handled signal back to SIG_DFL, so no real-time signal needs a look.
-  bool handlers_cleared;
-  // Written by the child on failure; read by the parent after clone returns.
-  int err;
-  const char* failed_call;
-};
-
-// Runs in the child, on its own stack, in the parent's memory: only
-// async-signal-safe calls, no allocation, no locks.
-int ChildMain(void* raw) {
-  auto* a = static_cast<ChildArgs*>(raw);
-
-  // First of all, before any code of ours that could fail half-way: move
-  // into the instance's cgroup. "0" names the writer (cgroup v2,
-  // Documentation/admin-guide/cgroup-v2.rst). A failed move (EBUSY: the
-  // cgroup has controllers on and children, ENOENT: it was removed, EACCES)
-  // fails the spawn: nothing of the target ever runs outside.
-  if (a->cgroup_procs >= 0 && CUSTODY_RETRY_EINTR(write(a->cgroup_procs, "0", 1)) != 1) {
-    a->failed_call = "write";
-    goto fail;
-  }
-
-  // Signals back to their defaults: Node ignores SIGPIPE and installs
-  // handlers that must not run in a VM monitor, nor here, on our memory,
-  // once signals are unblocked below. The handler table is the child's own
-  // (no CLONE_SIGHAND), so this does not touch the parent. The classic
-  // signals 1..31 all go to SIG_DFL, as libuv resets them for child_process;
-  // an ignored real-time signal stays ignored, as it does there, so the
-  // program starts the same on either backend and on either clone path.
-  // After CLONE_CLEAR_SIGHAND no handler is left at all: one rt_sigaction
-  // for each classic signal, 29 calls on the path the parent waits through.
-  // Without it (clone), a real-time signal with a handler is reset too: read
-  // first, so that one ignored is left as it is.
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < (a->handlers_cleared ? 32 : NSIG); sig++) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
-    if (sig >= 32) {
-      struct sigaction current;
-      // EINVAL for the glibc-reserved 32 and 33: glibc keeps those itself.
-      if (sigaction(sig, nullptr, &current) == -1 || current.sa_handler == SIG_IGN ||
-          current.sa_handler == SIG_DFL) {
-        continue;
-      }
-    }
-    sigaction(sig, &dfl, nullptr);
-  }
-  // The parent blocked everything before clone; the program starts unblocked.
-  sigset_t empty;
-  sigemptyset(&empty);
-  sigprocmask(SIG_SETMASK, &empty, nullptr);
-
-  // CLONE_FILES: the fd table is still the parent's, so nothing may touch an
-  // fd before this. close_range(keep_below, ~0U, CLOSE_RANGE_UNSHARE) (Linux
-  // 5.9) gives the child a private table copied only up to keep_below: the
-  // stdio sources sit in reserved slots there, every pidfd above. Cloning
-  // without CLONE_FILES would copy the whole table, thousands of pidfds,
-  // on every spawn. Without close_range: a full private copy, as before.
-  if (a->keep_below != 0 && syscall(__NR_close_range, a->keep_below, ~0U, CLOSE_RANGE_UNSHARE) == -1 &&
-      unshare(CLONE_FILES) == -1) {
-    a->failed_call = "unshare";
-    goto fail;
-  }
-
-  if (a->new_session && setsid() == -1) {
-    a->failed_call = "setsid";
-    goto fail;
-  }
-  if (!a->new_session && a->new_group && setpgid(0, 0) == -1) {
-    a->failed_call = "setpgid";
-    goto fail;
-  }
-
-  // Move sources that sit on 0..2 out of the way first, so dup2 onto one
-  // target never clobbers the source of another.
-  for (int i = 0; i < 3; i++) {
-    if (a->stdio[i] < 3 && a->stdio[i] != i) {
-      int moved = fcntl(a->stdio[i], F_DUPFD_CLOEXEC, 3);
-      if (moved == -1) {
-        a->failed_call = "fcntl";
-        goto fail;
-      }
-      a->stdio[i] = moved;
-    }
-  }
-  for (int i = 0; i < 3; i++) {
-    if (a->stdio[i] == i) {
-      // Inherited as is: make sure it survives exec.
-      if (fcntl(i, F_SETFD, 0) == -1) {
-        a->failed_call = "fcntl";
-        goto fail;
-      }
-    } else if (dup2(a->stdio[i], i) == -1) {
-      a->failed_call = "dup2";
-      goto fail;
-    }
-  }
-  // Nothing but stdio crosses exec, even an fd someone opened without
-  // O_CLOEXEC. close_range (Linux 5.9); older kernels get the CLOEXEC sweep
-  // of a bounded loop.
-  if (syscall(__NR_close_range, 3U, ~0U, 0U) == -1) {
-    long max = sysconf(_SC_OPEN_MAX);
-    if (max < 0 || max > 65536) max = 65536;
-    for (int fd = 3; fd < max; fd++) fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
-
-  if (a->cwd != nullptr && chdir(a->cwd) == -1) {
-    a->failed_call = "chdir";
-    goto fail;
-  }
-  execve(a->file, a->argv, a->envp);
-  a->failed_call = "execve";
-
-fail:
-  a->err = errno;
-  _exit(127);
-}
+// ---- The clone --------------------------------------------------------------
 
 // clone3 (Linux 5.3) with CLONE_CLEAR_SIGHAND (5.5), x86_64 only: the one
 // architecture whose trampoline runs in this project's tests. clone3 returns
@@ -232,6 +103,47 @@ long Clone3(CloneArgs* args, ChildArgs* child) {
 long Clone3(CloneArgs*, ChildArgs*) { return -ENOSYS; }
 #endif
 
+// The flags both clone paths share. CLONE_PIDFD (Linux 5.2) hands back the
+// pidfd with the pid; SIGCHLD as the exit signal keeps the child an ordinary
+// child for waitid and for whoever inherits it if we die.
+constexpr int kCloneFlags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD;
+
+// The same child, with every handler cleared by the kernel at clone time,
+// atomically, instead of one rt_sigaction per signal in the child. Returns
+// the pid, or -1 with *err: the errno, or 0 when clone3 is refused here.
+pid_t CloneWithClone3(AddonData* data, int flags, char* stack, size_t stack_size, ChildArgs* a, int* pidfd,
+                      int* err) {
+  CloneArgs args;
+  memset(&args, 0, sizeof args);
+  args.flags = static_cast<__u64>(flags & ~CSIGNAL) | kCloneClearSighand;
+  args.pidfd = reinterpret_cast<__u64>(pidfd);
+  args.exit_signal = SIGCHLD;
+  args.stack = reinterpret_cast<__u64>(stack);
+  args.stack_size = stack_size;
+  a->handlers_cleared = true;
+  long r = Clone3(&args, a);
+  if (r >= 0) return static_cast<pid_t>(r);
+  if (r == -ENOSYS || r == -EPERM || r == -EINVAL) {
+    // No clone3 (before 5.3, valgrind), a seccomp filter refusing it, or no
+    // CLONE_CLEAR_SIGHAND (before 5.5): no child exists; clone() from now on.
+    data->clone3_refused = true;
+  } else {
+    *err = static_cast<int>(-r);
+  }
+  return -1;
+}
+
+// glibc's clone() switches to the new stack for us; CLONE_PIDFD stores the
+// pidfd through the parent_tid argument. Returns the pid, or -1 with *err.
+pid_t CloneWithClone(int flags, char* stack_top, ChildArgs* a, int* pidfd, int* err) {
+  a->handlers_cleared = false;
+  pid_t pid = clone(ChildMain, stack_top, flags, a, pidfd);
+  *err = errno;
+  return pid;
+}
+
+// ---- The parent -------------------------------------------------------------
+
 std::vector<std::string> StringList(const Napi::Env& env, const Napi::Value& v, const char* name) {
   if (!v.IsArray()) throw Napi::TypeError::New(env, std::string(name) + " must be an array of strings");
   Napi::Array arr = v.As<Napi::Array>();
@@ -256,6 +168,196 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
   return out;
 }
 
+// spawn()'s arguments, decoded and range-checked on the JavaScript thread:
+// the bytes the child's pointers point into, and the child's arguments.
+// Neither copied nor moved once decoded (a moved short string moves its bytes).
+struct SpawnRequest {
+  std::string file;
+  std::vector<std::string> argv_bytes;
+  std::vector<std::string> envp_bytes;
+  std::string cwd;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  // SPAWN_COPY_FD_TABLE: clone without CLONE_FILES (the child gets a full
+  // copy of the table at clone), for tools that cannot follow a child
+  // sharing it, such as valgrind, which refuses such a clone outright.
+  bool copy_fd_table = false;
+  ChildArgs child;
+
+  SpawnRequest() = default;
+  SpawnRequest(const SpawnRequest&) = delete;
+  SpawnRequest& operator=(const SpawnRequest&) = delete;
+};
+
+// Throws a TypeError or a RangeError (ERR_OUT_OF_RANGE) for a bad argument,
+// before anything is opened or cloned.
+void DecodeSpawnArgs(const Napi::CallbackInfo& info, SpawnRequest* req) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 9 || !info[0].IsString()) {
+    throw Napi::TypeError::New(env, "spawn(file, argv, envp, cwd, stdin, stdout, stderr, flags, cgroupProcs)");
+  }
+  // Paths are bytes as argv is: a string's escaped bytes (U+DC80..U+DCFF)
+  // name the file they stand for, never the U+FFFD file Utf8Value would.
+  req->file = EncodeBytes(info[0], "file");
+  req->argv_bytes = StringList(env, info[1], "argv");
+  // null envp: the child gets this process's environ, which Node keeps in
+  // step with process.env (setenv/unsetenv), without copying it through
+  // JavaScript on every spawn.
+  bool inherit_env = info[2].IsNull() || info[2].IsUndefined();
+  if (!inherit_env) req->envp_bytes = StringList(env, info[2], "envp");
+  bool has_cwd = info[3].IsString();
+  if (has_cwd) req->cwd = EncodeBytes(info[3], "cwd");
+  req->argv = CPointers(req->argv_bytes);
+  req->envp = CPointers(req->envp_bytes);
+
+  ChildArgs& a = req->child;
+  memset(&a, 0, sizeof a);
+  a.file = req->file.c_str();
+  a.argv = req->argv.data();
+  a.envp = inherit_env ? environ : req->envp.data();
+  a.cwd = has_cwd ? req->cwd.c_str() : nullptr;
+  for (size_t i = 0; i < 3; i++) {
+    // -1: /dev/null, the addon's own (see InitSpawn).
+    a.stdio[i] = static_cast<int>(ArgInteger(info, 4 + i, "stdio fd", -1, INT32_MAX));
+  }
+  int64_t spawn_flags = ArgInteger(info, 7, "flags", 0, kSpawnFlagsAll);
+  a.new_session = (spawn_flags & kSpawnNewSession) != 0;
+  a.new_group = (spawn_flags & kSpawnNewGroup) != 0;
+  a.cgroup_procs = static_cast<int>(ArgInteger(info, 8, "cgroupProcs", -1, INT32_MAX));
+  req->copy_fd_table = (spawn_flags & kSpawnCopyFdTable) != 0;
+}
+
+// Every signal blocked while it lives, so no handler of ours runs on the
+// child's stack in our memory between clone and the child's own reset.
+class AllSignalsBlocked {
+ public:
+  AllSignalsBlocked() {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_);
+  }
+  ~AllSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  AllSignalsBlocked(const AllSignalsBlocked&) = delete;
+  AllSignalsBlocked& operator=(const AllSignalsBlocked&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
+// The fds the child's stdio comes from, put where the child's copy of the fd
+// table holds them. Whatever Place() took is given back when this goes, on
+// every path: this spawn's own /dev/null closed, the slots back on the
+// addon's /dev/null (a slot still holding a pipe's write end would keep its
+// reader from ever seeing end-of-file).
+class StdioSources {
+ public:
+  explicit StdioSources(AddonData* data) : data_(data) {}
+  ~StdioSources() {
+    if (null_fd_ >= 0) close(null_fd_);
+    for (int i = 0; i < 3; i++) {
+      if (slot_used_[i]) dup3(data_->spawn_slot_null, data_->spawn_slots[i], O_CLOEXEC);
+    }
+  }
+  StdioSources(const StdioSources&) = delete;
+  StdioSources& operator=(const StdioSources&) = delete;
+
+  // Rewrites a->stdio (and with slots a->keep_below). Returns 0, or an errno
+  // with *call naming the call that failed.
+  int Place(ChildArgs* a, bool use_slots, const char** call) {
+    for (int i = 0; i < 3; i++) {
+      if (a->stdio[i] != -1) continue;
+      if (data_->spawn_slot_null < 0) {
+        // No slots on this kernel: a /dev/null of this spawn's own.
+        null_fd_ = null_fd_ >= 0 ? null_fd_ : open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null_fd_ == -1) {
+          *call = "open";
+          return errno;
+        }
+        a->stdio[i] = null_fd_;
+      } else {
+        // The addon's /dev/null sits below the slots, so it is in the child's
+        // copy of the table: no dup3 needed.
+        a->stdio[i] = data_->spawn_slot_null;
+      }
+    }
+    if (!use_slots) return 0;
+    // Sources above the slots are dup3()'d onto them (dup3, not dup2: the
+    // slot must stay close-on-exec, or another thread's child would inherit
+    // it), so that everything the child needs sits below keep_below.
+    // A source already below keep_below (the addon's /dev/null, an fd
+    // opened before the slots) is in the child's copy as it is.
+    unsigned int keep_below = 3;
+    for (int slot : data_->spawn_slots) keep_below = std::max(keep_below, static_cast<unsigned int>(slot) + 1);
+    for (int i = 0; i < 3; i++) {
+      if (static_cast<unsigned int>(a->stdio[i]) < keep_below) continue;
+      if (dup3(a->stdio[i], data_->spawn_slots[i], O_CLOEXEC) == -1) {
+        *call = "dup3";
+        return errno;
+      }
+      a->stdio[i] = data_->spawn_slots[i];
+      slot_used_[i] = true;
+    }
+    a->keep_below = keep_below;
+    return 0;
+  }
+
+ private:
+  AddonData* data_;
+  int null_fd_ = -1;
+  // Slots that hold something other than /dev/null for this spawn.
+  bool slot_used_[3] = {false, false, false};
+};
+
+// Starts the child and returns its pid, with *pidfd; or -1 with *err and
+// *call. On return the child has exec'd or has exited after a failed step.
+//
+// The exec race: a parent that gets a pid back while its child still runs
+// our code before execve could signal or wait for a process that is not yet
+// the program (libuv closes that window with a close-on-exec pipe it reads
+// until EOF). CLONE_VFORK closes it in the kernel: this thread resumes only
+// once the child's execve has replaced its memory or the child has exited,
+// so the pid is the program's from the first instant we see it, and a
+// failed step is already written into *a (ReportChildFailure). CLONE_PIDFD
+// closes the other window, between learning the pid and pinning it.
+//
+// The strategy: clone3 with CLONE_CLEAR_SIGHAND where it works, else clone();
+// the same child either way. A refusal is remembered per addon instance, so
+// a kernel without clone3 pays for one failed syscall.
+pid_t SpawnAndInitChild(AddonData* data, ChildArgs* a, bool copy_fd_table, int* pidfd, int* err, const char** call) {
+  // The child's stack lives in this frame: CLONE_VFORK keeps this thread
+  // suspended, and so off this memory, until the child execs or exits.
+  constexpr size_t kStackSize = 64 * 1024;
+  alignas(64) char stack[kStackSize];
+
+  AllSignalsBlocked blocked;
+  StdioSources sources(data);
+  bool use_slots = data->spawn_slot_null >= 0 && !copy_fd_table;
+  if ((*err = sources.Place(a, use_slots, call)) != 0) return -1;
+  int flags = kCloneFlags | (use_slots ? CLONE_FILES : 0);
+  *call = "clone";
+  pid_t pid = -1;
+  *err = 0;
+  if (!data->clone3_refused) pid = CloneWithClone3(data, flags, stack, kStackSize, a, pidfd, err);
+  if (pid == -1 && *err == 0) pid = CloneWithClone(flags, stack + kStackSize, a, pidfd, err);
+#if defined(__SANITIZE_ADDRESS__)
+  // The child ran on this array and exec'd without returning: AddressSanitizer
+  // still holds its frames' redzones as poisoned. Clear them, or later uses of
+  // this stack memory look like overflows.
+  ASAN_UNPOISON_MEMORY_REGION(stack, kStackSize);
+#endif
+  return pid;
+}
+
+// The parent's side of a failed step: the child has already exited (_exit
+// after the step), so it is reaped, leaving no zombie, and the step's errno
+// is thrown.
+[[noreturn]] void ThrowChildFailure(const Napi::Env& env, int pidfd, const ChildArgs& a) {
+  siginfo_t si;
+  CUSTODY_RETRY_EINTR(waitid(kPidfdIdtype, pidfd, &si, WEXITED));
+  close(pidfd);
+  ThrowErrno(env, a.err, a.failed_call);
+}
+
 // spawn(file, argv, envp | null, cwd | null, stdin, stdout, stderr, flags,
 // cgroupProcs) -> pid * SPAWN_PID_SCALE + pidfd. Positional, and one number
 // back: named properties cost a string internalization each, per spawn. `file` is an
@@ -267,160 +369,17 @@ std::vector<char*> CPointers(std::vector<std::string>& strings) {
 // been reaped.
 Napi::Value Spawn(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 9 || !info[0].IsString()) {
-    throw Napi::TypeError::New(env, "spawn(file, argv, envp, cwd, stdin, stdout, stderr, flags, cgroupProcs)");
-  }
-  // Paths are bytes as argv is: a string's escaped bytes (U+DC80..U+DCFF)
-  // name the file they stand for, never the U+FFFD file Utf8Value would.
-  std::string file = EncodeBytes(info[0], "file");
-  std::vector<std::string> argv_s = StringList(env, info[1], "argv");
-  // null envp: the child gets this process's environ, which Node keeps in
-  // step with process.env (setenv/unsetenv), without copying it through
-  // JavaScript on every spawn.
-  bool inherit_env = info[2].IsNull() || info[2].IsUndefined();
-  std::vector<std::string> envp_s = inherit_env ? std::vector<std::string>() : StringList(env, info[2], "envp");
-  std::string cwd;
-  bool has_cwd = info[3].IsString();
-  if (has_cwd) cwd = EncodeBytes(info[3], "cwd");
-  std::vector<char*> argv = CPointers(argv_s);
-  std::vector<char*> envp = CPointers(envp_s);
-
-  ChildArgs a;
-  memset(&a, 0, sizeof a);
-  a.file = file.c_str();
-  a.argv = argv.data();
-  a.envp = inherit_env ? environ : envp.data();
-  a.cwd = has_cwd ? cwd.c_str() : nullptr;
-  for (size_t i = 0; i < 3; i++) {
-    // -1: /dev/null, the addon's own (see InitSpawn).
-    a.stdio[i] = static_cast<int>(ArgInteger(info, 4 + i, "stdio fd", -1, INT32_MAX));
-  }
-  int64_t spawn_flags = ArgInteger(info, 7, "flags", 0, kSpawnFlagsAll);
-  a.new_session = (spawn_flags & kSpawnNewSession) != 0;
-  a.new_group = (spawn_flags & kSpawnNewGroup) != 0;
-  a.cgroup_procs = static_cast<int>(ArgInteger(info, 8, "cgroupProcs", -1, INT32_MAX));
-  // SPAWN_COPY_FD_TABLE: clone without CLONE_FILES (the child gets a full
-  // copy of the table at clone), for tools that cannot follow a child
-  // sharing it, such as valgrind, which refuses such a clone outright.
-  bool copy_fd_table = (spawn_flags & kSpawnCopyFdTable) != 0;
-
-  // The child's stack lives in this frame: CLONE_VFORK keeps this thread
-  // suspended, and so off this memory, until the child execs or exits.
-  constexpr size_t kStackSize = 64 * 1024;
-  alignas(64) char stack[kStackSize];
-
-  // Block every signal so no handler of ours runs on the child's stack in
-  // our memory between clone and the child's own reset.
-  sigset_t all;
-  sigset_t old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int pidfd = -1;
-  int null_fd = -1;
-  // glibc's clone() switches to the new stack for us; CLONE_PIDFD (Linux 5.2)
-  // stores the pidfd through the parent_tid argument. SIGCHLD as the exit
-  // signal keeps the child an ordinary child for waitid and for whoever
-  // inherits it if we die.
-  int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD;
+  SpawnRequest req;
+  DecodeSpawnArgs(info, &req);
   AddonData* data = GetData(env);
-  bool use_slots = data->spawn_slot_null >= 0 && !copy_fd_table;
-  // Slots that hold something other than /dev/null for this spawn.
-  bool slot_used[3] = {false, false, false};
-  for (int i = 0; i < 3; i++) {
-    if (a.stdio[i] != -1) continue;
-    if (data->spawn_slot_null < 0) {
-      // No slots on this kernel: a /dev/null of this spawn's own.
-      null_fd = null_fd >= 0 ? null_fd : open("/dev/null", O_RDWR | O_CLOEXEC);
-      if (null_fd == -1) {
-        int err = errno;
-        pthread_sigmask(SIG_SETMASK, &old, nullptr);
-        ThrowErrno(env, err, "open");
-      }
-      a.stdio[i] = null_fd;
-    } else {
-      // The addon's /dev/null sits below the slots, so it is in the child's
-      // copy of the table: no dup3 needed.
-      a.stdio[i] = data->spawn_slot_null;
-    }
-  }
-  if (use_slots) {
-    // Sources above the slots are dup3()'d onto them (dup3, not dup2: the
-    // slot must stay close-on-exec, or another thread's child would inherit
-    // it), so that everything the child needs sits below keep_below.
-    // A source already below keep_below (the addon's /dev/null, an fd
-    // opened before the slots) is in the child's copy as it is.
-    unsigned int keep_below = 3;
-    for (int slot : data->spawn_slots) keep_below = std::max(keep_below, static_cast<unsigned int>(slot) + 1);
-    for (int i = 0; i < 3; i++) {
-      if (static_cast<unsigned int>(a.stdio[i]) < keep_below) continue;
-      if (dup3(a.stdio[i], data->spawn_slots[i], O_CLOEXEC) == -1) {
-        int err = errno;
-        for (int j = 0; j < i; j++) {
-          if (slot_used[j]) dup3(data->spawn_slot_null, data->spawn_slots[j], O_CLOEXEC);
-        }
-        pthread_sigmask(SIG_SETMASK, &old, nullptr);
-        ThrowErrno(env, err, "dup3");
-      }
-      a.stdio[i] = data->spawn_slots[i];
-      slot_used[i] = true;
-    }
-    a.keep_below = keep_below;
-    flags |= CLONE_FILES;
-  }
-  pid_t pid = -1;
-  int clone_errno = 0;
-  if (!data->clone3_refused) {
-    // The same child, with every handler cleared by the kernel at clone time,
-    // atomically, instead of one rt_sigaction per signal in the child.
-    CloneArgs args;
-    memset(&args, 0, sizeof args);
-    args.flags = static_cast<__u64>(flags & ~CSIGNAL) | kCloneClearSighand;
-    args.pidfd = reinterpret_cast<__u64>(&pidfd);
-    args.exit_signal = SIGCHLD;
-    args.stack = reinterpret_cast<__u64>(stack);
-    args.stack_size = kStackSize;
-    a.handlers_cleared = true;
-    long r = Clone3(&args, &a);
-    if (r >= 0) {
-      pid = static_cast<pid_t>(r);
-    } else if (r == -ENOSYS || r == -EPERM || r == -EINVAL) {
-      // No clone3 (before 5.3, valgrind), a seccomp filter refusing it, or no
-      // CLONE_CLEAR_SIGHAND (before 5.5): no child exists; clone() from now on.
-      data->clone3_refused = true;
-    } else {
-      clone_errno = static_cast<int>(-r);
-    }
-  }
-  if (pid == -1 && clone_errno == 0) {
-    a.handlers_cleared = false;
-    pid = clone(ChildMain, stack + kStackSize, flags, &a, &pidfd);
-    clone_errno = errno;
-  }
-  if (null_fd >= 0) close(null_fd);
-  // Back to /dev/null: a slot still holding a pipe's write end would keep
-  // its reader from ever seeing end-of-file.
-  for (int i = 0; i < 3; i++) {
-    if (slot_used[i]) dup3(data->spawn_slot_null, data->spawn_slots[i], O_CLOEXEC);
-  }
-#if defined(__SANITIZE_ADDRESS__)
-  // The child ran on this array and exec'd without returning: AddressSanitizer
-  // still holds its frames' redzones as poisoned. Clear them, or later uses of
-  // this stack memory look like overflows.
-  ASAN_UNPOISON_MEMORY_REGION(stack, kStackSize);
-#endif
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid == -1) ThrowErrno(env, clone_errno, "clone");
+  int pidfd = -1;
+  int err = 0;
+  const char* call = nullptr;
+  pid_t pid = SpawnAndInitChild(data, &req.child, req.copy_fd_table, &pidfd, &err, &call);
+  if (pid == -1) ThrowErrno(env, err, call);
+  if (req.child.failed_call != nullptr) ThrowChildFailure(env, pidfd, req.child);
 
-  if (a.failed_call != nullptr) {
-    // The child has already exited (_exit after the failed step): reap it so
-    // a failed spawn leaves no zombie, then report the step's errno.
-    siginfo_t si;
-    CUSTODY_RETRY_EINTR(waitid(kPidfdIdtype, pidfd, &si, WEXITED));
-    close(pidfd);
-    ThrowErrno(env, a.err, a.failed_call);
-  }
-
-  GetData(env)->pidfds.insert(pidfd);
+  data->pidfds.insert(pidfd);
   // One number, not a [pid, pidfd] array: an array and its two elements are
   // three calls into the engine on every spawn. A pid is below PID_MAX_LIMIT
   // (2^22, include/linux/threads.h) and an fd below 2^31, so pid * 2^31 +

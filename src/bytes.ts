@@ -5,7 +5,7 @@
  * U+DC00 + byte (the scheme Python calls surrogateescape). Two different
  * byte strings never give the same string, so comparing strings compares
  * bytes; JSON keeps lone surrogates (as \udcXX escapes), so manifests
- * round-trip. The native addon decodes with the same rule (native/proc.cc).
+ * round-trip. The native addon decodes with the same rule (native/bytes.cc).
  */
 import { isUtf8 } from 'node:buffer';
 

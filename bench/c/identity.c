@@ -1,5 +1,5 @@
 // The C limit for custody's inspect(pid): the same syscall sequence as
-// native/proc.cc Inspect() and ReadIdentity(), with no JavaScript around it:
+// native/identity.cc InspectOne() and ReadIdentity(), with no JavaScript around it:
 // pidfd_open, a dir fd on /proc/<pid>, then the exec-safe read (stat,
 // cmdline, exe, uid, pid namespace, then cmdline and stat again, compared with the first:
 // a process that exec'd mid-read is read again), the pidfs id, signal 0.
@@ -72,7 +72,7 @@ static int retry_open(int dirfd, const char* name, int flags) {
   return fd;
 }
 
-// ReadAt() in proc.cc: openat, read 4096-byte chunks until EOF, close.
+// ReadAt() in procfs.cc: openat, read 4096-byte chunks until EOF, close.
 // Returns 0 or an errno. The text is NUL-terminated for the parsers.
 static int read_at(int dirfd, const char* name, struct buf* out) {
   int fd = retry_open(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -108,7 +108,7 @@ static int read_at(int dirfd, const char* name, struct buf* out) {
   return 0;
 }
 
-// ParseStat() in proc.cc: comm may hold spaces and parentheses, so fields are
+// ParseStat() in procfs.cc: comm may hold spaces and parentheses, so fields are
 // counted from the LAST ')'. Field 0 after it is state, 1 ppid, 19 starttime.
 static int parse_stat(const char* text, size_t len, struct identity* id) {
   const char* close = NULL;
@@ -139,14 +139,15 @@ static int parse_stat(const char* text, size_t len, struct identity* id) {
   return 0;
 }
 
-// ParseStatusUid() in proc.cc: the real uid, first number of the Uid: line.
+// ParseStatusUid() in identity.cc: the real uid, first number of the Uid: line.
 static long long parse_status_uid(const char* status) {
   const char* at = strstr(status, "\nUid:");
   return at ? strtoll(at + 5, NULL, 10) : -1;
 }
 
-// SplitArgv() in proc.cc, minus building JS strings: count the NUL-separated
-// pieces, a last piece without a trailing NUL included.
+// The argv split of InspectionValue() in identity.cc, minus building JS
+// strings: count the NUL-separated pieces, a last piece without a trailing
+// NUL included.
 static int count_argv(const char* raw, size_t len) {
   int n = 0;
   for (size_t start = 0; start < len;) {
@@ -171,7 +172,7 @@ struct pidfd_info_v0 {
 #define PIDFD_GET_INFO_V0 _IOWR(0xFF, 11, struct pidfd_info_v0)
 #define PIDFD_INFO_CREDS_BIT (1ULL << 1)
 
-// One inspect(pid): the sequence of Inspect() in proc.cc, step for step.
+// One inspect(pid): the sequence of InspectOne() in identity.cc, step for step.
 static void inspect(int pid, const char* dir, struct bufs* b, struct identity* id) {
   int pidfd = (int)syscall(__NR_pidfd_open, pid, 0);
   if (pidfd == -1) die("pidfd_open");

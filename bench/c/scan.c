@@ -1,5 +1,5 @@
 // The C limit for custody's process-table scan (listProcesses): a readdir
-// loop over /proc with the same syscall sequence as native/proc.cc
+// loop over /proc with the same syscall sequence as native/scan.cc
 // ListProcesses(), and no JavaScript around it.
 //
 //   scan <cmdline|stat-cmdline|stat-cmdline-owner|stat-cmdline-status> <rounds> <warmup> [argv...]
@@ -73,7 +73,7 @@ static int retry_open(int dirfd, const char* name, int flags) {
   return fd;
 }
 
-// ReadAt() in proc.cc: openat, read 4096-byte chunks until EOF, close.
+// ReadAt() in procfs.cc: openat, read 4096-byte chunks until EOF, close.
 // Appends to `out` (len is not reset) and NUL-terminates what it appended.
 // Returns 0 or an errno; on error `out` is as it was.
 static int read_at(int dirfd, const char* name, struct buf* out) {
@@ -98,7 +98,7 @@ static int read_at(int dirfd, const char* name, struct buf* out) {
   return 0;
 }
 
-// ParseStat() in proc.cc: fields counted from the LAST ')'.
+// ParseStat() in procfs.cc: fields counted from the LAST ')'.
 static int parse_stat(const char* text, struct entry* e) {
   const char* close = strrchr(text, ')');
   if (strchr(text, '(') == NULL || close == NULL) return 0;

@@ -56,7 +56,7 @@ export interface NativeAddon {
   /** <name>/<leaf> under dirFd for each name, on the threadpool: its bytes, its errno Error, what is there instead, or null (unread: the batch's 32 MiB were spent). */
   readFilesAt(dirFd: number, names: string[], leaf: string, maxBytes: number): Promise<Array<FileRead | null>>;
   readBootId(path?: string): string;
-  /** The addon's lossless decoding of bytes (native/proc.cc), for tests that compare it with src/bytes.ts. */
+  /** The addon's lossless decoding of bytes (native/bytes.cc), for tests that compare it with src/bytes.ts. */
   decodeBytes(bytes: Buffer): string;
   /** The pids whose cmdline is exactly argv (bytes compared in the addon's worker). */
   /** The pids whose cmdline is argv; with shards, only those whose pid % shards is shard. */

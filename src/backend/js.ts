@@ -125,7 +125,7 @@ function readStartTicks(pid: number, procRoot: string): number | null {
   }
 }
 
-/** How often a read is repeated while an exec keeps moving under it (as native/proc.cc does). */
+/** How often a read is repeated while an exec keeps moving under it (as native/identity.cc does). */
 const EXEC_RETRIES = 8;
 
 /** What the exit poller watches: a process pinned by (pid, start ticks), told once it is gone. */

@@ -441,7 +441,7 @@ function inspectFailure(pid: number, procRoot: string | undefined, err: Error): 
 
 export class NativeBackend extends ProcReads implements Backend {
   readonly name = 'native' as const;
-  /** The vfork-style child writes itself into the target's cgroup.procs before execve (native/spawn.cc). */
+  /** The vfork-style child writes itself into the target's cgroup.procs before execve (native/child.cc). */
   readonly cgroupPlacement = 'child-write' as const;
   #addon: NativeAddon;
   #caps: Capabilities;

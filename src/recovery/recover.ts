@@ -249,7 +249,7 @@ function forksOf(rows: ProcEntry[]): Forks {
 /** Cleaned instances' removals under way at once: enough to keep libuv's threadpool (4 threads) fed, few enough to leave it to the scan and the pins. */
 const REMOVALS_IN_FLIGHT = 8;
 
-/** The most layouts one scan compares (native/proc.cc kMaxImages). */
+/** The most layouts one scan compares (native/scan.cc kMaxImages). */
 const MAX_SCAN_IMAGES = 1 << 16;
 
 /** How much earlier than its manifest's createdAt a launch's child may seem to start: btime is whole seconds. */

@@ -29,10 +29,10 @@ import { pinnedAlive } from '../backend/procview.js';
 import type { NotifyDatagram, NotifyListener } from '../backend/types.js';
 import { ReadyTimeoutError } from '../errors.js';
 import type { Emit } from '../events.js';
-import { exitStatusWithin, ProcessHandle } from '../process/handle.js';
-import { isNoProcess, toIdentity } from '../process/identity.js';
+import { exitStatusWithin, type ProcessHandle } from '../process/handle.js';
 import { claimOf, EXIT_STATUS_WAIT_MS, exitedError, type Attempt } from './launch.js';
-import { describeRejection, ENVIRON_MAX_BYTES, judge, type Rejection } from '../process/ownership.js';
+import { describeRejection, judge, type Rejection } from '../process/ownership.js';
+import { pin } from '../process/pin.js';
 import { isTargetPid } from './pidfile.js';
 import { TIMED_OUT, within } from '../timing.js';
 import type { ProcessIdentity } from '../types.js';
@@ -196,27 +196,20 @@ export class NotifyChannel {
     if (d.senderId !== null && target?.pidfsId && d.senderId === target.pidfsId && pid === target.pid)
       return { ours: true, pid };
     if (d.sender === 'gone') return { ours: false, pid, why: 'gone' };
-    let pinned: ReturnType<typeof backend.inspectPinned>;
-    try {
-      pinned = backend.inspectPinned(pid);
-    } catch (err) {
-      if (isNoProcess(err)) return { ours: false, pid, why: 'gone' };
-      throw err;
-    }
+    const pinned = pin(pid);
+    if (!pinned) return { ours: false, pid, why: 'gone' };
     try {
       if (d.sender && !pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
-      const live = toIdentity(pid, pinned.raw, backend.bootId());
+      const live = pinned.identity;
       if (this.#held(live)) return { ours: true, pid };
       const a = this.#a;
       // Only pins still held: an exited launcher's pid may be someone else's by now, and so its children.
       const held = [a.child, a.target].filter((h): h is ProcessHandle => !!h && !h.hasExited);
       const pids = new Set<number>(held.map((h) => h.pid));
-      const j = judge(claimOf(a), live, { pids, session: a.session }, false, () =>
-        backend.readEnviron(pinned.ref, ENVIRON_MAX_BYTES),
-      );
+      const j = judge(claimOf(a), live, { pids, session: a.session }, false, pinned.environ);
       return j.ours ? { ours: true, pid } : { ours: false, pid, why: j.why };
     } finally {
-      pinned.ref.close();
+      pinned.handle.close();
     }
   }
 
@@ -243,24 +236,19 @@ export class NotifyChannel {
       return;
     }
     if (a.target && a.target.pid === pid && !this.#mainPid) return;
-    let pinned: ReturnType<typeof backend.inspectPinned>;
-    try {
-      pinned = backend.inspectPinned(pid, { reapIfChild: true });
-    } catch (err) {
-      if (!isNoProcess(err)) throw err;
+    const pinned = pin(pid, { reapIfChild: true });
+    if (!pinned) {
       this.#ignore(from, `MAINPID=${pid} names no process`);
       return;
     }
-    const live = toIdentity(pid, pinned.raw, backend.bootId());
-    const ref = pinned.ref;
-    const j = judge(claimOf(a), live, undefined, true, () => backend.readEnviron(ref, ENVIRON_MAX_BYTES));
+    const j = judge(claimOf(a), pinned.identity, undefined, true, pinned.environ);
     if (!j.ours) {
-      ref.close();
+      pinned.handle.close();
       this.#ignore(from, `MAINPID=${pid}: ${describeRejection(pid, j.why)}`);
       return;
     }
     this.#mainPid?.handle.close();
-    this.#mainPid = { handle: new ProcessHandle(ref, { identity: live }), identity: live, from };
+    this.#mainPid = { handle: pinned.handle, identity: pinned.identity, from };
   }
 
   /** Makes an accepted MAINPID the target, recorded from the inspection that accepted it. */

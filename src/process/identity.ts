@@ -38,7 +38,11 @@ export function inspect(pid: number): ProcessIdentity {
   return toIdentity(pid, backend.inspect(pid), backend.bootId());
 }
 
-/** Whether an inspection failed because there is no process at the pid (a TID is not one), not because the kernel could not answer. */
+/**
+ * The one test of "gone": an inspection or a read under a pin failed because there is no process at the pid
+ * (ESRCH, ENOENT; a TID is not one), not because the kernel could not answer (EMFILE, ENOMEM...: isTransient).
+ * pin() (pin.ts) turns it into null.
+ */
 export function isNoProcess(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException)?.code;
   return code === 'ESRCH' || code === 'ENOENT' || err instanceof NotAProcessError;

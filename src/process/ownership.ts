@@ -30,6 +30,7 @@
  */
 import { backend } from '../backend/index.js';
 import { ownPidNs } from '../backend/procview.js';
+import { isNoProcess } from './identity.js';
 import type { ProcessIdentity } from '../types.js';
 
 export interface DevIno {
@@ -179,7 +180,7 @@ function envMark(token: string, environ: EnvironReader | undefined): Rejection |
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'EACCES' || code === 'EPERM') return 'environ';
-    if (code === 'ESRCH' || code === 'ENOENT') return 'gone';
+    if (isNoProcess(err)) return 'gone';
     throw err;
   }
   return envToken(block) === token ? null : 'token';

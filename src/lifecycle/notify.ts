@@ -25,7 +25,6 @@
  */
 import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
-import { pinnedAlive } from '../backend/procview.js';
 import type { NotifyDatagram, NotifyListener } from '../backend/types.js';
 import { ReadyTimeoutError } from '../errors.js';
 import type { Emit } from '../events.js';
@@ -199,7 +198,7 @@ export class NotifyChannel {
     const pinned = pin(pid);
     if (!pinned) return { ours: false, pid, why: 'gone' };
     try {
-      if (d.sender && !pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
+      if (d.sender && !backend.pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
       const live = pinned.identity;
       if (this.#held(live)) return { ours: true, pid };
       const a = this.#a;

@@ -5,7 +5,6 @@
  */
 import { backend } from '../backend/index.js';
 import type { RawIdentity } from '../backend/types.js';
-import { ownPidNs } from '../backend/procview.js';
 import { InvalidArgError, NotAProcessError } from '../errors.js';
 import type { ProcessIdentity, VerifyResult } from '../types.js';
 import { assertPid } from '../validate.js';
@@ -22,7 +21,7 @@ export function toIdentity(pid: number, raw: RawIdentity, bootId: string): Proce
     ppid: raw.ppid,
     session: raw.session,
     state: raw.state,
-    pidNs: ownPidNs(),
+    pidNs: backend.ownPidNs(),
     processPidNs: raw.processPidNs,
   };
 }
@@ -103,7 +102,7 @@ export function verify(
     throw new InvalidArgError(`verify() compares one pid: recorded ${recorded.pid}, live ${live.pid}`);
   }
   const bootId = live ? live.bootId : backend.bootId();
-  const pidNs = live ? live.pidNs : ownPidNs();
+  const pidNs = live ? live.pidNs : backend.ownPidNs();
   if (present(recorded.bootId) && recorded.bootId !== bootId) return { verdict: 'rebooted', field: 'bootId' };
   if (present(recorded.pidNs) && present(pidNs) && recorded.pidNs !== pidNs)
     return { verdict: 'unprovable', field: 'pidNs' };

@@ -29,7 +29,6 @@
  * Nothing here signals; callers act on the judgement and report rejections.
  */
 import { backend } from '../backend/index.js';
-import { ownPidNs } from '../backend/procview.js';
 import { isNoProcess } from './identity.js';
 import type { ProcessIdentity } from '../types.js';
 
@@ -215,7 +214,8 @@ function byToken(
 ): Judgement {
   const ours = process.getuid?.();
   // Where it cannot be told (null), it is not proven ours either.
-  if (!inside && ownPidNs() !== null && live.processPidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
+  const ourNs = backend.ownPidNs();
+  if (!inside && ourNs !== null && live.processPidNs !== ourNs) return { ours: false, why: 'namespace' };
   if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
   const marks = argvMarks(claim, live);
   if (marks) return { ours: false, why: marks };

@@ -24,6 +24,7 @@ import {
   confirmedIdentity,
   confirmedTarget,
   obtainPid,
+  openNotify,
   spawned,
   startChild,
   targetInCgroup,
@@ -32,7 +33,7 @@ import {
   type Instance,
   type LaunchSpec,
 } from './lifecycle/launch.js';
-import { NotifyChannel } from './lifecycle/notify.js';
+import type { NotifyChannel } from './lifecycle/notify.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
 import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';
@@ -633,7 +634,7 @@ export class Supervisor {
     const signal = spec.signal;
     try {
       // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
-      if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
+      if (spec.ready === 'notify') a.notify = openNotify(a, this.#emit);
       startChild(a, spec, logs);
       const child = spawned(a);
       this.#emit('spawn', {

@@ -24,7 +24,6 @@ import {
   confirmedIdentity,
   confirmedTarget,
   obtainPid,
-  openNotify,
   spawned,
   startChild,
   targetInCgroup,
@@ -34,6 +33,7 @@ import {
   type LaunchSpec,
 } from './lifecycle/launch.js';
 import type { NotifyChannel } from './lifecycle/notify.js';
+import { openNotify } from './lifecycle/notify-launch.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
 import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';

@@ -23,7 +23,7 @@ import { errorTail, openAppend, type LogFiles, type LogOptions } from '../state/
 import { removeDeclaredPaths } from '../state/paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
-import { type MainPid, NotifyChannel } from './notify.js';
+import type { NotifyChannel } from './notify.js';
 import {
   describeRejection,
   isMember,
@@ -331,47 +331,12 @@ export function exitedError(a: Attempt, pid: number | undefined, status: ExitSta
 }
 
 /** The error for a confirmed target that exited before it was ready: a non-child's status is worth a bounded wait. */
-async function targetExitedError(a: Attempt, target: ProcessHandle, signal?: AbortSignal): Promise<LaunchExitedError> {
+export async function targetExitedError(
+  a: Attempt,
+  target: ProcessHandle,
+  signal?: AbortSignal,
+): Promise<LaunchExitedError> {
   return exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
-}
-
-/**
- * Binds the attempt's notify socket (ready: 'notify'). The channel reads the attempt and hands an accepted
- * MAINPID back; the attempt's target and identity are written here only.
- */
-export function openNotify(a: Attempt, emit: Emit): NotifyChannel {
-  return NotifyChannel.open(
-    {
-      id: a.id,
-      child: () => a.child,
-      target: () => (a.target && a.identity ? { handle: a.target, identity: a.identity } : null),
-      session: () => a.session,
-      claim: () => claimOf(a),
-      handOff: (next) => takeMainPid(a, next, emit),
-      exitedError: (target, signal) => targetExitedError(a, target, signal),
-    },
-    emit,
-  );
-}
-
-/** Makes an accepted MAINPID the target, its identity recorded from the inspection that accepted it. */
-function takeMainPid(a: Attempt, next: MainPid, emit: Emit): void {
-  const old = a.target;
-  if (old && old.pid === next.identity.pid) {
-    next.handle.close();
-    return;
-  }
-  a.target = next.handle;
-  a.identity = next.identity;
-  if (old && old !== a.child) old.close();
-  emit('confirm', {
-    id: a.id,
-    pid: next.identity.pid,
-    identity: next.identity,
-    message:
-      `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule: the target now, ` +
-      'its identity recorded from that inspection',
-  });
 }
 
 /**

@@ -1,11 +1,23 @@
-import { execFileSync, spawn as cpSpawn } from 'node:child_process';
+import { execFile, execFileSync, spawn as cpSpawn } from 'node:child_process';
 import { closeSync, openSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect } from '../../src/process/identity.js';
 import { pin } from '../../src/process/pin.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { exited, killAndWait, MARKER, procStat, unusedPid, waitFor } from '../helpers/procs.js';
+import {
+  asNamespaceInit,
+  exited,
+  hasUnshare,
+  isRoot,
+  killAndWait,
+  MARKER,
+  procStat,
+  unusedPid,
+  waitFor,
+} from '../helpers/procs.js';
 
 expectNoLeaks();
 
@@ -129,5 +141,30 @@ describe(`pin (${backend.name})`, () => {
       await killAndWait(child);
     }
     expect(nofile()).toEqual([soft, hard]);
+  });
+
+  it('pins the new owner of a reused pid as another process, never with the old identity', {
+    timeout: 60_000,
+  }, async (ctx) => {
+    ctx.skip(!(isRoot() && hasUnshare()), 'needs root and unshare --pid: forces PID reuse through ns_last_pid');
+    const trials = 3;
+    const { stdout } = await promisify(execFile)(
+      'unshare',
+      asNamespaceInit(join(import.meta.dirname, '..', 'fixtures', 'pin-reuse.mjs'), String(trials)),
+      { env: { ...process.env, CUSTODY_BACKEND: backend.name }, timeout: 50_000 },
+    );
+    const r = JSON.parse(stdout.trim().split('\n').pop() as string);
+    expect(r.errors).toEqual([]);
+    expect(r.trials).toBe(trials);
+    expect(r.samePinnedIdentity).toBe(0);
+    if (backend.name === 'native') {
+      // The pidfs id tells them apart even within one clock tick, and the old pidfd reaches nobody.
+      expect(Object.keys(r.verdicts)).toEqual(['reused:pidfsId']);
+      expect(r.oldPinSignalled).toBe(0);
+    } else {
+      // Start ticks alone: within one tick only the argv tells them apart, and the old pin may reach the new owner.
+      for (const v of Object.keys(r.verdicts)) expect(['reused:startTicks', 'mismatch:argv (same tick)']).toContain(v);
+      expect(r.oldPinSignalled).toBeLessThanOrEqual(r.sameTick);
+    }
   });
 });

@@ -32,7 +32,8 @@ import {
   type Instance,
   type LaunchSpec,
 } from './lifecycle/launch.js';
-import { NotifyChannel } from './lifecycle/notify.js';
+import type { NotifyChannel } from './lifecycle/notify.js';
+import { openNotify } from './lifecycle/notify-launch.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
 import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';
@@ -50,7 +51,6 @@ import { sessionLeftovers, terminateCgroup, terminateMembers, terminateTree } fr
 import { backend, capabilities as hostCapabilities } from './backend/index.js';
 import { describeExit } from './process/exit.js';
 import { UNKNOWN_EXIT } from './process/signals.js';
-import { assertOwnProc, ownForkImage } from './backend/procview.js';
 import { addReaperSource, orphansInSession, reapMembers, removeReaperSource } from './process/reaper.js';
 import { displayArg, fsPath } from './bytes.js';
 import type { Capabilities, ProcessIdentity } from './types.js';
@@ -206,7 +206,7 @@ export class Supervisor {
     if (options.create !== undefined && typeof options.create !== 'boolean')
       throw new InvalidArgError('create must be a boolean');
     // A /proc of another pid namespace would make every proof below about other processes.
-    if (backend.capabilities().proc) assertOwnProc();
+    if (backend.capabilities().proc) backend.assertOwnProc();
     const emit = emitter(options.onEvent);
     const store = await StateStore.open(options.stateDir, { emit, create: options.create });
     const sup = new Supervisor(options, store, emit);
@@ -562,7 +562,7 @@ export class Supervisor {
       updatedAt: now,
       supervisorPid: process.pid,
       // What the child shows until its exec: a crash in between leaves recovery a fork to wait for.
-      forkImage: ownForkImage(),
+      forkImage: backend.ownForkImage(),
       quarantine: null,
       // What the agent needs of the launch after a restart: the log caps, the launcher's role.
       logs: spec.stdout === undefined || spec.stderr === undefined ? logCaps(spec.logs) : null,
@@ -634,7 +634,7 @@ export class Supervisor {
     const signal = spec.signal;
     try {
       // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
-      if (spec.ready === 'notify') a.notify = NotifyChannel.open(a, this.#emit);
+      if (spec.ready === 'notify') a.notify = openNotify(a, this.#emit);
       startChild(a, spec, logs);
       const child = spawned(a);
       this.#emit('spawn', {

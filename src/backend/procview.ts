@@ -20,7 +20,7 @@ import { decodeArg } from '../bytes.js';
 import { errnoError, ForeignProcError } from '../errors.js';
 import { parseImage, parseStat, type StatFields } from '../process/proc.js';
 import { loopSlices } from '../timing.js';
-import type { PidRef } from './types.js';
+import type { ExecStage, PidRef } from './types.js';
 import { UnprovenPidRef } from './unproven.js';
 
 /**
@@ -112,17 +112,6 @@ export function imageOf(pid: number, procRoot = '/proc'): string | null {
   }
 }
 
-/**
- * Where a process that showed `image` (a fork of the process with that
- * layout) is in its exec: still the fork ('fork'); inside execve ('exec':
- * between the switch to the new memory and the new argv, /proc shows a
- * layout of zeros and an empty cmdline, for as long as the kernel takes,
- * which under load is milliseconds); past it ('done': a new layout and an
- * argv, or a pid that names another process now); or gone (exited: a
- * zombie, or no such pid).
- */
-export type ExecStage = 'fork' | 'exec' | 'done' | 'gone';
-
 export function execStageOf(pid: number, image: string, procRoot = '/proc'): ExecStage {
   let text: string;
   let cmdline: Buffer;
@@ -139,9 +128,6 @@ export function execStageOf(pid: number, image: string, procRoot = '/proc'): Exe
   return cmdline.length === 0 ? 'exec' : 'done';
 }
 
-/** Clock ticks per second of /proc's start times (USER_HZ): 100 wherever Linux exports it to user space. */
-const USER_HZ = 100;
-
 /**
  * When this boot began, in ms since the epoch: /proc/stat's btime. Whole
  * seconds, and moved by every clock step since boot, so read it anew where
@@ -154,11 +140,6 @@ export function bootTimeMs(): number | null {
   } catch {
     return null;
   }
-}
-
-/** When a process that started `startTicks` after boot began, in ms since the epoch (to a second or two). */
-export function startedAtMs(startTicks: number, bootMs: number): number {
-  return bootMs + (startTicks * 1000) / USER_HZ;
 }
 
 let forkImageCache: string | null | undefined;
@@ -434,8 +415,9 @@ export function readMountinfo(): string {
 
 /**
  * What both backends read the same way, through plain /proc reads: stat,
- * children, session members, cgroup, mountinfo, a pinned process's environ;
- * and the reference for an unprovable process.
+ * children, session members, cgroup, mountinfo, a pinned process's environ,
+ * our own pid namespace, layout and boot time, an exe's path; and the
+ * reference for an unprovable process.
  */
 export abstract class ProcReads {
   stat(pid: number): StatFields | null {
@@ -479,5 +461,29 @@ export abstract class ProcReads {
 
   readEnviron(ref: PidRef, maxBytes: number): Buffer {
     return readEnvironOf(ref, maxBytes);
+  }
+
+  ownPidNs(): number | null {
+    return ownPidNs();
+  }
+
+  assertOwnProc(procRoot?: string): void {
+    assertOwnProc(procRoot);
+  }
+
+  ownForkImage(): string | null {
+    return ownForkImage();
+  }
+
+  bootTimeMs(): number | null {
+    return bootTimeMs();
+  }
+
+  exePath(pid: number): string | null {
+    return exePath(pid);
+  }
+
+  pinnedAlive(ref: PidRef): boolean {
+    return pinnedAlive(ref);
   }
 }

@@ -6,7 +6,17 @@
 import type { Readable, Writable } from 'node:stream';
 import type { StatFields } from '../process/proc.js';
 import type { Capabilities, ExitStatus } from '../types.js';
-import type { ExecStage } from './procview.js';
+
+/**
+ * Where a process that showed `image` (a fork of the process with that
+ * layout) is in its exec: still the fork ('fork'); inside execve ('exec':
+ * between the switch to the new memory and the new argv, /proc shows a
+ * layout of zeros and an empty cmdline, for as long as the kernel takes,
+ * which under load is milliseconds); past it ('done': a new layout and an
+ * argv, or a pid that names another process now); or gone (exited: a
+ * zombie, or no such pid).
+ */
+export type ExecStage = 'fork' | 'exec' | 'done' | 'gone';
 
 /** What one inspection of /proc/<pid> yields, before policy adds the boot id. */
 export interface RawIdentity {
@@ -226,8 +236,27 @@ export interface Backend {
    * `image`, and each kernel thread is marked `kernelThread`.
    */
   listProcesses(procRoot?: string, images?: readonly string[]): Promise<ProcEntry[]>;
-  /** Where a process that showed `image` (a fork of the process with that layout) is in its exec (procview's execStageOf). */
+  /** Where a process that showed `image` (a fork of the process with that layout) is in its exec. */
   execStage(pid: number, image: string): ExecStage;
+  /** The inode of our own pid namespace (/proc/self/ns/pid), read once; null where it cannot be read. */
+  ownPidNs(): number | null;
+  /** Throws ERR_CUSTODY_FOREIGN_PROC unless `<procRoot>/self` is this process: a /proc of another pid namespace. */
+  assertOwnProc(procRoot?: string): void;
+  /**
+   * What a fork of this process shows until it execs: our own address-space layout (as parseImage gives
+   * it); null where it would not tell our forks from other processes of our program (no randomization).
+   */
+  ownForkImage(): string | null;
+  /** When this boot began, in ms since the epoch (/proc/stat's btime, whole seconds, moved by clock steps); null where unknown. */
+  bootTimeMs(): number | null;
+  /**
+   * The path /proc/<pid>/exe links to, lossless (custody's string form of bytes), " (deleted)" included. A
+   * name for people, never proof: the pid may name another process by the time it returns. null for a
+   * kernel thread, a process we may not look at, or none.
+   */
+  exePath(pid: number): string | null;
+  /** Whether a pinned process still exists (signal 0 through its pin; EPERM means it does). */
+  pinnedAlive(ref: PidRef): boolean;
   /**
    * /proc/<pid>/environ of the pinned process: at most maxBytes (a prefix beyond). Read, then checked against
    * the pin: ESRCH when its process is gone (the read may have been of a later owner of the pid, and is

@@ -2,7 +2,7 @@
  * Commands about processes, with or without a state dir: inspect, sweep.
  */
 import { statSync } from 'node:fs';
-import { exePath } from '../backend/procview.js';
+import { backend } from '../backend/index.js';
 import { inspect, isNoProcess, verify } from '../process/identity.js';
 import { NotAProcessError } from '../errors.js';
 import { readStateDir } from '../state/store.js';
@@ -72,7 +72,7 @@ signalled or changed.`,
     } catch (err) {
       throw aboutPid(err, pid);
     }
-    const link = exePath(pid);
+    const link = backend.exePath(pid);
     // Read after the identity: it counts only if the pid still names that process.
     const path = link !== null && verify(id).verdict === 'ok' ? link : null;
     print(flag(p, 'json'), { ...id, exePath: path }, () =>

@@ -15,9 +15,10 @@ import type { PidRef } from '../backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError, NotOursError, ReadyTimeoutError } from '../errors.js';
 import type { Emit } from '../events.js';
-import { exitStatusWithin, ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
+import { exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';
-import { isNoProcess, toIdentity } from '../process/identity.js';
+import { isNoProcess } from '../process/identity.js';
+import { pin } from '../process/pin.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
@@ -329,6 +330,15 @@ export function exitedError(a: Attempt, pid: number | undefined, status: ExitSta
   return new LaunchExitedError(a.id, pid, status, a.stderrTail());
 }
 
+/** The error for a confirmed target that exited before it was ready: a non-child's status is worth a bounded wait. */
+export async function targetExitedError(
+  a: Attempt,
+  target: ProcessHandle,
+  signal?: AbortSignal,
+): Promise<LaunchExitedError> {
+  return exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
+}
+
 /**
  * Resolves the pid: the child's, a function's, or a pidfile's, every wait
  * bounded by the confirm deadline and the abort signal. A pidfile is read
@@ -437,22 +447,16 @@ export async function confirm(
     new ConfirmTimeoutError(a.id, pid, timeoutMs, `last argv seen: ${JSON.stringify(lastArgv).slice(0, 200)}`);
   for await (const _ of backoff({ firstMs: 0, maxMs: 20, deadline, signal })) {
     for (;;) {
-      let pinned: { raw: ReturnType<typeof backend.inspect>; ref: PidRef } | null = null;
-      try {
-        // A pid function may name a child of Node's child_process: its owner
-        // reaps it, and reaping it here would rob libuv of its exit.
-        pinned = backend.inspectPinned(pid, { reapIfChild: typeof a.pidSpec !== 'function' });
-      } catch (err) {
-        // A TID is refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
-        const code = (err as NodeJS.ErrnoException).code;
-        if (code !== 'ESRCH' && code !== 'ENOENT') throw err;
-      }
+      // A pid function may name a child of Node's child_process: its owner
+      // reaps it, and reaping it here would rob libuv of its exit. A TID is
+      // refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
+      const pinned = pin(pid, { reapIfChild: typeof a.pidSpec !== 'function', thread: 'refuse' });
       let why: Rejection | null = null;
       let live: ProcessIdentity | null = null;
-      if (pinned && pinned.raw.state !== 'Z') {
-        live = toIdentity(pid, pinned.raw, backend.bootId());
+      if (pinned && pinned.identity.state !== 'Z') {
+        live = pinned.identity;
         const claim = claimOf(a);
-        const environ = environOf(pinned.ref);
+        const environ = pinned.environ;
         // Our own child is ours by birth: it only has to have exec'd into the
         // argv (or, in env mode, into an environment with the token: before exec
         // the child's is ours). A pid a launcher or a function reported must pass
@@ -468,7 +472,7 @@ export async function confirm(
         own,
         gone: live === null,
         why,
-        argvEmpty: pinned?.raw.argv.length === 0,
+        argvEmpty: pinned?.identity.argv.length === 0,
         spins,
         timedOut: Date.now() >= deadline,
       });
@@ -476,15 +480,15 @@ export async function confirm(
         a.identity = live;
         if (own) {
           // Our own child: its pidfd from birth already pins it.
-          pinned.ref.close();
+          pinned.handle.close();
           a.target = child;
         } else {
-          a.target = new ProcessHandle(pinned.ref, { identity: live });
+          a.target = pinned.handle;
         }
         return;
       }
-      if (pinned) lastArgv = pinned.raw.argv;
-      pinned?.ref.close();
+      if (pinned) lastArgv = pinned.identity.argv;
+      pinned?.handle.close();
       switch (step.do) {
         case 'exited': {
           // The pid is gone before it carried our argv. (Our child's status
@@ -547,8 +551,7 @@ export async function waitReady(
       throw new ReadyTimeoutError(a.id, timeoutMs, detail, cause);
     }
     if (r === 'died') {
-      // A non-child's status exists once its parent reaps it: worth a bounded wait on this failure path.
-      throw exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
+      throw await targetExitedError(a, target, signal);
     }
   } finally {
     over.abort();
@@ -569,8 +572,7 @@ function stillRunning(target: ProcessHandle, identity: ProcessIdentity): boolean
     const raw = backend.inspect(target.pid);
     return raw.state !== 'Z' && raw.startTicks === identity.startTicks;
   } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    return code !== 'ESRCH' && code !== 'ENOENT';
+    return !isNoProcess(err);
   }
 }
 
@@ -698,21 +700,15 @@ async function endTree(
     const session = a.session;
     for (const p of await backend.listProcesses()) {
       if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
-      let pinned: ReturnType<typeof backend.inspectPinned>;
-      try {
-        pinned = backend.inspectPinned(p.pid, { reapIfChild: true });
-      } catch (err) {
-        if (isNoProcess(err)) continue;
-        throw err;
-      }
+      const pinned = pin(p.pid, { reapIfChild: true });
+      if (!pinned) continue;
       // Re-checked under the pin: the scan alone proves nothing.
-      const live = toIdentity(p.pid, pinned.raw, backend.bootId());
-      const verdict = judge(claim, live, { pids: rootPids, session }, false, environOf(pinned.ref));
+      const verdict = judge(claim, pinned.identity, { pids: rootPids, session }, false, pinned.environ);
       if (verdict.ours) {
-        extra.push(new ProcessHandle(pinned.ref, { identity: live }));
+        extra.push(pinned.handle);
         continue;
       }
-      pinned.ref.close();
+      pinned.handle.close();
       // In env mode most candidates are merely the same program: only a token carrier is worth a warning.
       if (a.tokenMode === 'env' && verdict.why === 'token') continue;
       if (verdict.why !== 'gone')

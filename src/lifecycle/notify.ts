@@ -16,7 +16,8 @@
  * - `STATUS=...`: a `status` event;
  * - `MAINPID=n`: n becomes the target only if it passes the rule on its own
  *   marks, as a pid a launcher reports would (re-confirmed, and recorded
- *   from that inspection).
+ *   from that inspection). The channel hands it to the launch
+ *   (NotifyLaunch.handOff), which alone writes what its target is.
  * Everything else is ignored. Once ready, the socket stays while the target
  * runs and this supervisor watches it (STATUS= keeps coming as status
  * events; MAINPID= is no longer followed); a supervisor that adopts the
@@ -25,14 +26,12 @@
  */
 import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
-import { pinnedAlive } from '../backend/procview.js';
 import type { NotifyDatagram, NotifyListener } from '../backend/types.js';
 import { ReadyTimeoutError } from '../errors.js';
 import type { Emit } from '../events.js';
-import { exitStatusWithin, ProcessHandle } from '../process/handle.js';
-import { isNoProcess, toIdentity } from '../process/identity.js';
-import { claimOf, EXIT_STATUS_WAIT_MS, exitedError, type Attempt } from './launch.js';
-import { describeRejection, ENVIRON_MAX_BYTES, judge, type Rejection } from '../process/ownership.js';
+import type { ProcessHandle } from '../process/handle.js';
+import { type Claim, describeRejection, judge, type Rejection } from '../process/ownership.js';
+import { pin } from '../process/pin.js';
 import { isTargetPid } from './pidfile.js';
 import { TIMED_OUT, within } from '../timing.js';
 import type { ProcessIdentity } from '../types.js';
@@ -83,15 +82,43 @@ const FINAL = new Set<Rejection | 'unknown'>([
 
 type Sender = { ours: true; pid: number } | { ours: false; pid: number; why: Rejection | 'unknown' };
 
+/** A MAINPID= that passed the ownership rule, pinned by the inspection that accepted it. */
+export interface MainPid {
+  handle: ProcessHandle;
+  identity: ProcessIdentity;
+  /** The pid that sent it. */
+  from: number;
+}
+
+/**
+ * The launch a channel serves, as the channel sees it: it reads the launch through these and hands an
+ * accepted MAINPID back, so that the launch alone decides (and records) what its target is.
+ */
+export interface NotifyLaunch {
+  readonly id: string;
+  /** The process spawned for the launch; null before the spawn. */
+  child(): ProcessHandle | null;
+  /** The confirmed target, pinned, and the identity recorded from the confirming inspection; null before confirm. */
+  target(): { handle: ProcessHandle; identity: ProcessIdentity } | null;
+  /** The session custody created for the launch, whose every process is its; null without one. */
+  session(): number | null;
+  /** What the launch's processes must show, for the ownership rule. */
+  claim(): Claim;
+  /** An accepted MAINPID: the launch makes it the target, or closes it if it names the target already. */
+  handOff(next: MainPid): void;
+  /** What wait() fails with when the target exits before READY=1 (its status and stderr tail). */
+  exitedError(target: ProcessHandle, signal?: AbortSignal): Promise<Error>;
+}
+
 export class NotifyChannel {
   /** NOTIFY_SOCKET's value. */
   readonly address: string;
   readonly #listener: NotifyListener;
-  readonly #a: Attempt;
+  readonly #launch: NotifyLaunch;
   readonly #emit: Emit;
   #ready = false;
   /** A MAINPID accepted and pinned, not yet made the target. */
-  #mainPid: { handle: ProcessHandle; identity: ProcessIdentity; from: number } | null = null;
+  #mainPid: MainPid | null = null;
   #wake: (() => void) | null = null;
   #ignored = 0;
   #lastStatus: string | undefined;
@@ -102,8 +129,8 @@ export class NotifyChannel {
   /** Ready and running: only STATUS= (and barriers) count now. */
   #running = false;
 
-  private constructor(a: Attempt, emit: Emit) {
-    this.#a = a;
+  private constructor(launch: NotifyLaunch, emit: Emit) {
+    this.#launch = launch;
     this.#emit = emit;
     const name = `custody/notify/${randomBytes(16).toString('hex')}`;
     this.#listener = backend.openNotify(name, (batch, error) => this.#onBatch(batch, error));
@@ -111,12 +138,12 @@ export class NotifyChannel {
   }
 
   /** Binds the socket (ERR_CUSTODY_UNSUPPORTED on the js backend). Open it before the spawn: nothing sent is lost. */
-  static open(a: Attempt, emit: Emit): NotifyChannel {
-    return new NotifyChannel(a, emit);
+  static open(launch: NotifyLaunch, emit: Emit): NotifyChannel {
+    return new NotifyChannel(launch, emit);
   }
 
   #onBatch(batch: NotifyDatagram[], error: Error | null): void {
-    for (const d of batch) this.#take(d, this.#a.identity === null);
+    for (const d of batch) this.#take(d, this.#launch.target() === null);
     if (error) this.#error ??= error;
     this.#wake?.();
   }
@@ -161,7 +188,7 @@ export class NotifyChannel {
       this.#ignore(d.pid, why);
       return false;
     }
-    const id = this.#a.id;
+    const id = this.#launch.id;
     if (n.status !== undefined) {
       this.#lastStatus = n.status;
       this.#emit('status', { id, pid: sender.pid, status: n.status, message: `STATUS=${n.status}` });
@@ -180,7 +207,11 @@ export class NotifyChannel {
     this.#ignored++;
     if (this.#ignored > MAX_WARNINGS) return;
     const more = this.#ignored === MAX_WARNINGS ? ' (further ones are not reported)' : '';
-    this.#emit('warning', { id: this.#a.id, pid, message: `notification on ${this.address} ignored: ${why}${more}` });
+    this.#emit('warning', {
+      id: this.#launch.id,
+      pid,
+      message: `notification on ${this.address} ignored: ${why}${more}`,
+    });
   }
 
   /**
@@ -192,44 +223,37 @@ export class NotifyChannel {
     if (!isTargetPid(pid)) return { ours: false, pid, why: 'unknown' };
     // The kernel's pin names the sender exactly: the confirmed target is ours even if it exited since it sent
     // (a daemon's parent that says MAINPID= and READY=1, then exits).
-    const target = this.#a.identity;
+    const target = this.#launch.target()?.identity;
     if (d.senderId !== null && target?.pidfsId && d.senderId === target.pidfsId && pid === target.pid)
       return { ours: true, pid };
     if (d.sender === 'gone') return { ours: false, pid, why: 'gone' };
-    let pinned: ReturnType<typeof backend.inspectPinned>;
+    const pinned = pin(pid);
+    if (!pinned) return { ours: false, pid, why: 'gone' };
     try {
-      pinned = backend.inspectPinned(pid);
-    } catch (err) {
-      if (isNoProcess(err)) return { ours: false, pid, why: 'gone' };
-      throw err;
-    }
-    try {
-      if (d.sender && !pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
-      const live = toIdentity(pid, pinned.raw, backend.bootId());
+      if (d.sender && !backend.pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
+      const live = pinned.identity;
       if (this.#held(live)) return { ours: true, pid };
-      const a = this.#a;
+      const launch = this.#launch;
       // Only pins still held: an exited launcher's pid may be someone else's by now, and so its children.
-      const held = [a.child, a.target].filter((h): h is ProcessHandle => !!h && !h.hasExited);
+      const held = [launch.child(), launch.target()?.handle].filter((h): h is ProcessHandle => !!h && !h.hasExited);
       const pids = new Set<number>(held.map((h) => h.pid));
-      const j = judge(claimOf(a), live, { pids, session: a.session }, false, () =>
-        backend.readEnviron(pinned.ref, ENVIRON_MAX_BYTES),
-      );
+      const j = judge(launch.claim(), live, { pids, session: launch.session() }, false, pinned.environ);
       return j.ours ? { ours: true, pid } : { ours: false, pid, why: j.why };
     } finally {
-      pinned.ref.close();
+      pinned.handle.close();
     }
   }
 
   /** The live process is one custody already holds for the attempt: its own child (unreaped) or the confirmed target. */
   #held(live: ProcessIdentity): boolean {
-    const a = this.#a;
     if (live.state === 'Z' || live.state === 'X') return false;
-    if (a.child && live.pid === a.child.pid && !a.child.exitStatus) return true;
-    const id = a.identity;
+    const child = this.#launch.child();
+    if (child && live.pid === child.pid && !child.exitStatus) return true;
+    const target = this.#launch.target();
+    if (!target) return false;
+    const id = target.identity;
     return (
-      !!a.target &&
-      !!id &&
-      live.pid === a.target.pid &&
+      live.pid === target.handle.pid &&
       live.startTicks === id.startTicks &&
       (!id.pidfsId || !live.pidfsId || id.pidfsId === live.pidfsId)
     );
@@ -237,54 +261,32 @@ export class NotifyChannel {
 
   /** MAINPID=n from an accepted sender: pinned and judged on its own marks, as a pid a launcher reports. */
   #offerMainPid(pid: number, from: number): void {
-    const a = this.#a;
     if (!isTargetPid(pid)) {
       this.#ignore(from, `MAINPID=${String(pid)} is not a pid`);
       return;
     }
-    if (a.target && a.target.pid === pid && !this.#mainPid) return;
-    let pinned: ReturnType<typeof backend.inspectPinned>;
-    try {
-      pinned = backend.inspectPinned(pid, { reapIfChild: true });
-    } catch (err) {
-      if (!isNoProcess(err)) throw err;
+    if (this.#launch.target()?.handle.pid === pid && !this.#mainPid) return;
+    const pinned = pin(pid, { reapIfChild: true });
+    if (!pinned) {
       this.#ignore(from, `MAINPID=${pid} names no process`);
       return;
     }
-    const live = toIdentity(pid, pinned.raw, backend.bootId());
-    const ref = pinned.ref;
-    const j = judge(claimOf(a), live, undefined, true, () => backend.readEnviron(ref, ENVIRON_MAX_BYTES));
+    const j = judge(this.#launch.claim(), pinned.identity, undefined, true, pinned.environ);
     if (!j.ours) {
-      ref.close();
+      pinned.handle.close();
       this.#ignore(from, `MAINPID=${pid}: ${describeRejection(pid, j.why)}`);
       return;
     }
     this.#mainPid?.handle.close();
-    this.#mainPid = { handle: new ProcessHandle(ref, { identity: live }), identity: live, from };
+    this.#mainPid = { handle: pinned.handle, identity: pinned.identity, from };
   }
 
-  /** Makes an accepted MAINPID the target, recorded from the inspection that accepted it. */
-  #applyMainPid(): void {
+  /** Hands an accepted MAINPID to the launch, which makes it the target (recorded from the inspection that accepted it). */
+  #handOffMainPid(): void {
     const next = this.#mainPid;
     if (!next) return;
     this.#mainPid = null;
-    const a = this.#a;
-    const old = a.target;
-    if (old && old.pid === next.identity.pid) {
-      next.handle.close();
-      return;
-    }
-    a.target = next.handle;
-    a.identity = next.identity;
-    if (old && old !== a.child) old.close();
-    this.#emit('confirm', {
-      id: a.id,
-      pid: next.identity.pid,
-      identity: next.identity,
-      message:
-        `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule: the target now, ` +
-        'its identity recorded from that inspection',
-    });
+    this.#launch.handOff(next);
   }
 
   /**
@@ -293,15 +295,15 @@ export class NotifyChannel {
    * ERR_CUSTODY_READY_TIMEOUT, and on abort.
    */
   async wait(timeoutMs: number, signal?: AbortSignal): Promise<void> {
-    const a = this.#a;
+    const launch = this.#launch;
     const deadline = Date.now() + timeoutMs;
     // The target is confirmed now: what came from senders not provable before is judged again, in order.
     for (const d of this.#deferred.splice(0)) this.#take(d, false);
     for (;;) {
       if (this.#error) throw this.#error;
-      this.#applyMainPid();
+      this.#handOffMainPid();
       if (this.#ready) return;
-      const target = a.target;
+      const target = launch.target()?.handle;
       // wait() runs after confirm, which sets the target or fails the launch.
       if (!target) throw new Error('custody: notify wait() before the target was confirmed');
       const woken = new Promise<'woken'>((resolve) => (this.#wake = () => resolve('woken')));
@@ -312,13 +314,13 @@ export class NotifyChannel {
       } finally {
         this.#wake = null;
       }
-      if (r === TIMED_OUT) throw new ReadyTimeoutError(a.id, timeoutMs, this.#detail());
+      if (r === TIMED_OUT) throw new ReadyTimeoutError(launch.id, timeoutMs, this.#detail());
       if (r !== 'died') continue;
       // A daemon that forks its main process sends MAINPID=, then exits: that datagram may be read in the
       // same turn of the loop as the exit is seen. One more turn, then the exit counts.
       await new Promise((resolve) => setImmediate(resolve));
       if (this.#mainPid || this.#ready || this.#error) continue;
-      throw exitedError(a, target.pid, await exitStatusWithin(target, EXIT_STATUS_WAIT_MS, signal));
+      throw await launch.exitedError(target, signal);
     }
   }
 
@@ -339,7 +341,7 @@ export class NotifyChannel {
     if (this.#closed) return;
     this.#running = true;
     this.#listener.unref();
-    const target = this.#a.target;
+    const target = this.#launch.target()?.handle;
     if (target) void target.gone.then(() => this.close());
     else this.close();
   }

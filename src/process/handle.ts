@@ -1,13 +1,14 @@
 /**
- * ProcessHandle: one process, pinned. open() pins an existing process after
- * proving it is the expected one; spawn() pins a new child from birth.
+ * open() and spawn(): the two ways to a ProcessHandle. open() pins an
+ * existing process (pin.ts) after proving it is the expected one; spawn()
+ * pins a new child from birth.
  */
 import { accessSync, closeSync, constants as fsConstants, statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { fsPath } from '../bytes.js';
 import { backend } from '../backend/index.js';
-import type { PidRef, StdioTarget } from '../backend/types.js';
+import type { StdioTarget } from '../backend/types.js';
 import {
   errnoError,
   BadCgroupError,
@@ -16,120 +17,15 @@ import {
   InvalidArgError,
   UnsupportedError,
 } from '../errors.js';
-import { toIdentity, verify } from './identity.js';
+import { verify } from './identity.js';
+import { pin, ProcessHandle } from './pin.js';
 import { openAppend } from '../state/logs.js';
-import { signalNumber, UNKNOWN_EXIT } from './signals.js';
+import { UNKNOWN_EXIT } from './signals.js';
 import { TIMED_OUT, within } from '../timing.js';
 import type { ExitStatus, ProcessIdentity } from '../types.js';
 import { assertCwd, assertEnv, assertFlag, assertPid, assertStringArray } from '../validate.js';
 
-/** The pin behind a handle, for this package's own modules only (see holdExit). */
-let refOf: (h: ProcessHandle) => PidRef;
-
-export class ProcessHandle {
-  static {
-    refOf = (h) => h.#ref;
-  }
-
-  readonly pid: number;
-  /** The identity proven when the handle was opened (open()); null for a fresh spawn until it is inspected. */
-  readonly identity: ProcessIdentity | null;
-  readonly stdin: Writable | null;
-  readonly stdout: Readable | null;
-  readonly stderr: Readable | null;
-  readonly #ref: PidRef;
-
-  /** @internal */
-  constructor(
-    ref: PidRef,
-    init: {
-      identity: ProcessIdentity | null;
-      stdin?: Writable | null;
-      stdout?: Readable | null;
-      stderr?: Readable | null;
-    },
-  ) {
-    this.#ref = ref;
-    this.pid = ref.pid;
-    this.identity = init.identity;
-    this.stdin = init.stdin ?? null;
-    this.stdout = init.stdout ?? null;
-    this.stderr = init.stderr ?? null;
-  }
-
-  /**
-   * Sends a signal through the pin (a pidfd on the native backend). Returns
-   * false when the process is already gone; never throws for that.
-   */
-  signal(sig: NodeJS.Signals | number = 'SIGTERM'): boolean {
-    return this.#ref.signal(signalNumber(sig));
-  }
-
-  /** Whether the process still runs (signal 0 through the pin). */
-  isAlive(): boolean {
-    return this.#ref.signal(0);
-  }
-
-  /** Settles with { code, signal } once the process has exited; both null where the kernel cannot say. */
-  get exited(): Promise<ExitStatus> {
-    return this.#ref.exited;
-  }
-
-  /** The exit status once known, else undefined. */
-  get exitStatus(): ExitStatus | undefined {
-    return this.#ref.exitStatus;
-  }
-
-  /** Settles the moment the exit is seen; `exited` may settle later, once the status is known. */
-  get gone(): Promise<void> {
-    return this.#ref.gone;
-  }
-
-  /** Whether the exit has been seen. */
-  get hasExited(): boolean {
-    return this.#ref.hasExited;
-  }
-
-  /** Keep the event loop alive while waiting for this process's exit (the default). */
-  ref(): this {
-    this.#ref.ref();
-    return this;
-  }
-
-  /** Let the event loop end while this process runs. */
-  unref(): this {
-    this.#ref.unref();
-    return this;
-  }
-
-  /** Releases the pidfd. A spawned child is still reaped when it exits, so it never lingers as a zombie. */
-  close(): void {
-    this.#ref.close();
-  }
-
-  [Symbol.for('nodejs.dispose')](): void {
-    this.close();
-  }
-}
-
-/**
- * @internal Keeps the zombie of this child of ours, once it exits, until releaseExit() (or a bound): `gone`
- * settles and `onHeld` is called at the exit, `exited` only once it is reaped. While unreaped, its pid, and the
- * session it leads, can be no one else's. false where the backend cannot (js: libuv reaps) or it is not our child.
- */
-export function holdExit(h: ProcessHandle, onHeld?: () => void): boolean {
-  return refOf(h).holdZombie?.(onHeld) ?? false;
-}
-
-/** @internal Ends holdExit(): the zombie is reaped now, or as usual when the exit comes. */
-export function releaseExit(h: ProcessHandle): void {
-  refOf(h).releaseZombie?.();
-}
-
-/** @internal Whether holdExit() holds now: the process, alive or a zombie, is unreaped, so its pid is no one else's. */
-export function exitHeld(h: ProcessHandle): boolean {
-  return refOf(h).zombieHeld?.() ?? false;
-}
+export { exitHeld, holdExit, ProcessHandle, releaseExit } from './pin.js';
 
 /**
  * Opens a handle on an existing process. With `expected`, the live process
@@ -138,17 +34,18 @@ export function exitHeld(h: ProcessHandle): boolean {
  */
 export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessHandle {
   assertPid(pid);
-  const { raw, ref } = backend.inspectPinned(pid);
-  const identity = toIdentity(pid, raw, backend.bootId());
+  const pinned = pin(pid, { thread: 'refuse' });
+  if (!pinned) throw errnoError('ESRCH', 'pidfd_open', undefined, `pid ${pid}`);
+  const { identity, handle } = pinned;
   if (expected !== undefined) {
     const result = verify({ ...expected, pid }, identity);
     if (result.verdict !== 'ok') {
-      ref.close();
+      handle.close();
       if (result.verdict === 'unrecorded') throw new IdentityUnrecordedError(pid, result.field ?? 'identity');
       throw new IdentityMismatchError(pid, result.verdict, result.field);
     }
   }
-  return new ProcessHandle(ref, { identity });
+  return handle;
 }
 
 export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };

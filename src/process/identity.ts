@@ -5,7 +5,6 @@
  */
 import { backend } from '../backend/index.js';
 import type { RawIdentity } from '../backend/types.js';
-import { ownPidNs } from '../backend/procview.js';
 import { InvalidArgError, NotAProcessError } from '../errors.js';
 import type { ProcessIdentity, VerifyResult } from '../types.js';
 import { assertPid } from '../validate.js';
@@ -22,7 +21,7 @@ export function toIdentity(pid: number, raw: RawIdentity, bootId: string): Proce
     ppid: raw.ppid,
     session: raw.session,
     state: raw.state,
-    pidNs: ownPidNs(),
+    pidNs: backend.ownPidNs(),
     processPidNs: raw.processPidNs,
   };
 }
@@ -38,7 +37,11 @@ export function inspect(pid: number): ProcessIdentity {
   return toIdentity(pid, backend.inspect(pid), backend.bootId());
 }
 
-/** Whether an inspection failed because there is no process at the pid (a TID is not one), not because the kernel could not answer. */
+/**
+ * The one test of "gone": an inspection or a read under a pin failed because there is no process at the pid
+ * (ESRCH, ENOENT; a TID is not one), not because the kernel could not answer (EMFILE, ENOMEM...: isTransient).
+ * pin() (pin.ts) turns it into null.
+ */
 export function isNoProcess(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException)?.code;
   return code === 'ESRCH' || code === 'ENOENT' || err instanceof NotAProcessError;
@@ -99,7 +102,7 @@ export function verify(
     throw new InvalidArgError(`verify() compares one pid: recorded ${recorded.pid}, live ${live.pid}`);
   }
   const bootId = live ? live.bootId : backend.bootId();
-  const pidNs = live ? live.pidNs : ownPidNs();
+  const pidNs = live ? live.pidNs : backend.ownPidNs();
   if (present(recorded.bootId) && recorded.bootId !== bootId) return { verdict: 'rebooted', field: 'bootId' };
   if (present(recorded.pidNs) && present(pidNs) && recorded.pidNs !== pidNs)
     return { verdict: 'unprovable', field: 'pidNs' };

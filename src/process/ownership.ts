@@ -29,7 +29,7 @@
  * Nothing here signals; callers act on the judgement and report rejections.
  */
 import { backend } from '../backend/index.js';
-import { ownPidNs } from '../backend/procview.js';
+import { isNoProcess } from './identity.js';
 import type { ProcessIdentity } from '../types.js';
 
 export interface DevIno {
@@ -179,7 +179,7 @@ function envMark(token: string, environ: EnvironReader | undefined): Rejection |
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'EACCES' || code === 'EPERM') return 'environ';
-    if (code === 'ESRCH' || code === 'ENOENT') return 'gone';
+    if (isNoProcess(err)) return 'gone';
     throw err;
   }
   return envToken(block) === token ? null : 'token';
@@ -214,7 +214,8 @@ function byToken(
 ): Judgement {
   const ours = process.getuid?.();
   // Where it cannot be told (null), it is not proven ours either.
-  if (!inside && ownPidNs() !== null && live.processPidNs !== ownPidNs()) return { ours: false, why: 'namespace' };
+  const ourNs = backend.ownPidNs();
+  if (!inside && ourNs !== null && live.processPidNs !== ourNs) return { ours: false, why: 'namespace' };
   if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
   const marks = argvMarks(claim, live);
   if (marks) return { ours: false, why: marks };

@@ -98,3 +98,11 @@ export function parseStatusUid(text: string): number {
   const m = /^Uid:\s+(\d+)/m.exec(text);
   return m ? Number(m[1]) : -1;
 }
+
+/** Clock ticks per second of /proc's start times (USER_HZ): 100 wherever Linux exports it to user space. */
+const USER_HZ = 100;
+
+/** When a process that started `startTicks` after boot began, in ms since the epoch (to a second or two). */
+export function startedAtMs(startTicks: number, bootMs: number): number {
+  return bootMs + (startTicks * 1000) / USER_HZ;
+}

@@ -17,8 +17,7 @@
  * live ones are pinned so that their exit is reaped.
  */
 import { backend } from '../backend/index.js';
-import { ProcessHandle } from './handle.js';
-import { isNoProcess } from './identity.js';
+import { type ProcessHandle, pin } from './pin.js';
 
 /** A supervisor's instances: the sessions their members are in, their cgroups (hierarchy paths), and the pids it already watches itself. */
 type SessionSource = () => { sessions: number[]; pids: number[]; cgroups?: string[] };
@@ -57,19 +56,15 @@ export function reapMembers(): number[] {
       if (backend.reapZombie(pid)) reaped.push(pid);
       continue;
     }
-    try {
-      const { ref } = backend.inspectPinned(pid, { reapIfChild: true });
-      const h = new ProcessHandle(ref, { identity: null }).unref();
-      pinned.set(pid, h);
-      orphanSession.set(pid, st.session);
-      void h.exited.then(() => {
-        pinned.delete(pid);
-        orphanSession.delete(pid);
-        h.close();
-      });
-    } catch (err) {
-      if (!isNoProcess(err)) throw err;
-    }
+    const h = pin(pid, { reapIfChild: true })?.handle.unref();
+    if (!h) continue;
+    pinned.set(pid, h);
+    orphanSession.set(pid, st.session);
+    void h.exited.then(() => {
+      pinned.delete(pid);
+      orphanSession.delete(pid);
+      h.close();
+    });
   }
   return reaped;
 }

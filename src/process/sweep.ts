@@ -9,11 +9,9 @@
 import { statSync } from 'node:fs';
 import { basename } from 'node:path';
 import { backend } from '../backend/index.js';
-import type { RawIdentity } from '../backend/types.js';
 import { InvalidArgError } from '../errors.js';
-import { ProcessHandle } from './handle.js';
-import { isNoProcess, toIdentity } from './identity.js';
 import { protectedPid } from './ownership.js';
+import { type Pinned, pin } from './pin.js';
 import { TIMED_OUT, within } from '../timing.js';
 import type { ProcessIdentity } from '../types.js';
 import { argvOf, assertDuration } from '../validate.js';
@@ -94,34 +92,27 @@ export async function sweep(options: SweepOptions): Promise<SweepResult> {
       exe = { dev: st.dev, ino: st.ino };
     } else exeBase = options.executable;
   }
-  const matches = (p: { pid: number; argv: string[]; uid: number; state?: string }, raw?: RawIdentity) => {
+  // A scan row has no exe (undefined): that is compared once the process is pinned and read.
+  const matches = (p: { pid: number; argv: string[]; uid: number; state?: string; exe?: ProcessIdentity['exe'] }) => {
     // Never pid 1, ourselves or an ancestor (`custody sweep --exact -- bash` typed in bash).
     if (protectedPid(p.pid) || exclude.has(p.pid)) return false;
     if (p.state === 'Z' || p.uid !== uid || !sameArgv(p.argv, argv)) return false;
     if (exeBase !== null && basename(p.argv[0] ?? '') !== exeBase) return false;
-    if (exe !== null && raw !== undefined && !(raw.exe && raw.exe.dev === exe.dev && raw.exe.ino === exe.ino))
-      return false;
+    if (exe !== null && p.exe !== undefined && !(p.exe && p.exe.dev === exe.dev && p.exe.ino === exe.ino)) return false;
     return true;
   };
 
-  const pinned: Array<{ identity: ProcessIdentity; handle: ProcessHandle }> = [];
+  const pinned: Pinned[] = [];
   // Argv first: only cmdline is read for every process (compared as bytes);
   // everything else, and the real uid, only for the candidates, under a pin.
   for (const pid of await backend.matchArgv(argv)) {
     if (!matches({ pid, argv, uid })) continue;
-    try {
-      const { raw, ref } = backend.inspectPinned(pid);
-      // The scan proves nothing; the pinned read does.
-      if (matches({ pid, argv: raw.argv, uid: raw.uid, state: raw.state }, raw)) {
-        pinned.push({
-          identity: toIdentity(pid, raw, backend.bootId()),
-          handle: new ProcessHandle(ref, { identity: null }),
-        });
-      } else ref.close();
-    } catch (err) {
-      // Exited since the scan; anything else (EMFILE) is no answer and is thrown.
-      if (!isNoProcess(err)) throw err;
-    }
+    // Exited since the scan: null; anything else (EMFILE) is no answer and is thrown.
+    const p = pin(pid);
+    if (!p) continue;
+    // The scan proves nothing; the pinned read does.
+    if (matches(p.identity)) pinned.push(p);
+    else p.handle.close();
   }
   const result: SweepResult = { matched: pinned.map((p) => p.identity), terminated: [], killed: [], survivors: [] };
   try {

@@ -15,9 +15,9 @@
 import { backend } from '../backend/index.js';
 import type { InstanceCgroup } from './cgroup.js';
 import { AbortError, StopTimeoutError } from '../errors.js';
-import { exitHeld, ProcessHandle, releaseExit } from './handle.js';
-import { isNoProcess, toIdentity } from './identity.js';
+import { exitHeld, type ProcessHandle, releaseExit } from './handle.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
+import { pin } from './pin.js';
 import { signalNumber } from './signals.js';
 import { backoff, sleep, TIMED_OUT, within } from '../timing.js';
 import { endedResult, terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
@@ -29,16 +29,10 @@ const SESSION_SCAN_MIN_MS = 500;
 /** Pins pid if it is still a member (re-checked under the pin), else null. */
 function pinMember(pid: number, members: Members, reapIfChild: boolean): ProcessHandle | null {
   if (protectedPid(pid)) return null;
-  try {
-    const { raw, ref } = backend.inspectPinned(pid, { reapIfChild });
-    const identity = toIdentity(pid, raw, backend.bootId());
-    if (isMember(identity, members)) return new ProcessHandle(ref, { identity });
-    ref.close();
-    return null;
-  } catch (err) {
-    if (isNoProcess(err)) return null;
-    throw err;
-  }
+  const pinned = pin(pid, { reapIfChild });
+  if (!pinned || isMember(pinned.identity, members)) return pinned?.handle ?? null;
+  pinned.handle.close();
+  return null;
 }
 
 /**

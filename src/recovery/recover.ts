@@ -21,13 +21,13 @@
 import { statSync } from 'node:fs';
 import { fsPath } from '../bytes.js';
 import { backend, capabilities } from '../backend/index.js';
-import { bootTimeMs, startedAtMs } from '../backend/procview.js';
 import type { PidRef, ProcEntry, RawIdentity } from '../backend/types.js';
 import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
 import { BadManifestError, BadPidfileError, errnoError } from '../errors.js';
 import type { Emit } from '../events.js';
 import { ProcessHandle, resolveExecutable } from '../process/handle.js';
 import { isNoProcess, isTransient, toIdentity, verify } from '../process/identity.js';
+import { startedAtMs } from '../process/proc.js';
 import { environOf } from '../lifecycle/launch.js';
 import {
   describeRejection,
@@ -645,7 +645,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
     const { forks } = await firstScan;
     // The supervisor that wrote it, if it still runs, shows its own layout: it is no fork of itself.
     const byImage = ((m.forkImage && forks.byImage.get(m.forkImage)) || []).filter((pid) => pid !== m.supervisorPid);
-    bootMs ??= bootTimeMs();
+    bootMs ??= backend.bootTimeMs();
     const inExec = forks.inExec.filter((row) => mayBeChildOf(row, m, bootMs ?? null)).map((row) => row.pid);
     return new Set([...byImage, ...inExec]);
   };

@@ -25,7 +25,6 @@ import {
   writeSync,
 } from 'node:fs';
 import { backend } from '../backend/index.js';
-import { ownPidNs } from '../backend/procview.js';
 import { StateIOError, StateLockedError, UnsafePathError } from '../errors.js';
 import { openRegular, type Opened } from './files.js';
 import { processWide } from '../process/processwide.js';
@@ -77,7 +76,7 @@ function ownRecord(): Holder {
   } catch {
     bootId = null;
   }
-  own = { pid: process.pid, startTicks, bootId, pidNs: ownPidNs() };
+  own = { pid: process.pid, startTicks, bootId, pidNs: backend.ownPidNs() };
   return own;
 }
 

@@ -1,5 +1,5 @@
 /**
- * src/recovery/recover.ts deciders: what recovery does with each manifest, from what was read. Pure functions: no
+ * src/recovery/decide.ts deciders: what recovery does with each manifest, from what was read. Pure functions: no
  * process, no state dir; each case a situation and the decision expected (the effects are the behavioural
  * suites' business: test/recovery/recover.test.ts, test/recovery/cgroup-recovery.test.ts, test/reliability/).
  */
@@ -13,7 +13,7 @@ import {
   decideUnreadable,
   type RunningFacts,
   type StartingFacts,
-} from '../../src/recovery/recover.js';
+} from '../../src/recovery/decide.js';
 import { IncompleteInstanceError, type Manifest } from '../../src/state/store.js';
 import type { ProcessIdentity } from '../../src/types.js';
 

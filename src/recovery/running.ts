@@ -25,7 +25,7 @@ import { type Pinned, type PinsAhead, pin } from './pins.js';
 export type Confirmed = RunningManifest | (StartingManifest & { identity: ProcessIdentity });
 
 /** The recorded process pinned (from the pins taken ahead where there is one), or null where none lives at the pid. */
-export async function pinRecorded(ahead: PinsAhead, pid: number): Promise<Pinned | null> {
+async function pinRecorded(ahead: PinsAhead, pid: number): Promise<Pinned | null> {
   const early = await ahead.take(pid);
   return early === undefined ? pin(pid) : early;
 }

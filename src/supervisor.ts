@@ -340,7 +340,7 @@ export class Supervisor {
     // Bound rather than a closure: one small object per instance, no context.
     void instance.exited.then(this.#onExit.bind(this, instance));
     this.#holdExitOf(running);
-    void this.#logs.watch(manifest.id);
+    void this.#logs.watch(manifest.id, manifest.logs);
     return instance;
   }
 

@@ -5,6 +5,7 @@
  * never create it.
  */
 import type { CustodyEvent } from '../events.js';
+import { STATE_FORMAT } from '../state/statedir.js';
 import { IncompleteInstanceError, assertEntryName, readStateDir, type StateListing } from '../state/store.js';
 import { type StopResult, Supervisor } from '../supervisor.js';
 import { describeExit } from '../process/exit.js';
@@ -27,8 +28,15 @@ import { note, print, shownArgv, table } from './output.js';
 
 const joined = (a: string | undefined, b: string | undefined) => (a && b ? `${a}:${b}` : (a ?? null));
 
+/** Formats older than this custody's, by the release that wrote them: 1 is 0.1's (unstamped), 2 is 0.2's. */
+function formatOwner(format: number): string {
+  return `custody 0.${format}'s format`;
+}
+
 function formatLine(l: StateListing): string {
-  if (l.format === 1) return `state dir ${l.stateDir}: left by custody 0.1; the next open upgrades it`;
+  if (l.format !== null && l.format < STATE_FORMAT) {
+    return `state dir ${l.stateDir}: left by custody 0.${l.format}; the next open upgrades it`;
+  }
   if (l.format === null) return `state dir ${l.stateDir}: empty`;
   return `state dir ${l.stateDir}: format ${l.format}`;
 }
@@ -118,7 +126,7 @@ export const recoverCommand: Command = {
   description: `Opens the state dir as a supervisor does and recovers every manifest in it: a
 process proven to be the instance's is adopted, a manifest whose process is gone is
 cleaned, one that cannot be proven is quarantined (never signalled). A dir left by
-custody 0.1 is upgraded in place. Takes the dir's lock, so it refuses a dir a running
+custody 0.1 or 0.2 is upgraded in place. Takes the dir's lock, so it refuses a dir a running
 supervisor holds, naming it; never creates the dir. The processes keep running.`,
   options: [STATE_DIR_OPTION, JSON_OPTION],
   async run(p) {
@@ -126,7 +134,7 @@ supervisor holds, naming it; never creates the dir. The processes keep running.`
     // Only to say whether the open upgraded it; the open checks everything again, under the lock.
     const before = readStateDir(stateDirOf(p));
     const report = await withSupervisor(p, async (_s, r) => r);
-    const upgradedFrom = before.format !== null && before.format < 2 ? before.format : null;
+    const upgradedFrom = before.format !== null && before.format < STATE_FORMAT ? before.format : null;
     const deferred = report.deferred.map(({ error, ...e }) => ({
       ...e,
       error: { code: (error as NodeJS.ErrnoException).code ?? null, message: error.message },
@@ -136,7 +144,7 @@ supervisor holds, naming it; never creates the dir. The processes keep running.`
       const rows = outcomes.flatMap((outcome) =>
         report[outcome].map((e) => ({ outcome, id: e.id, pid: e.pid, reason: joined(e.reason, e.field) })),
       );
-      const head = upgradedFrom ? [`state dir ${before.stateDir}: upgraded from custody 0.1's format`] : [];
+      const head = upgradedFrom ? [`state dir ${before.stateDir}: upgraded from ${formatOwner(upgradedFrom)}`] : [];
       return [...head, table(rows, ['outcome', 'id', 'pid', 'reason'], `no instances in ${before.stateDir}`)].join(
         '\n',
       );

@@ -421,12 +421,14 @@ export class InstanceLogs {
    * While the instance runs (until unwatch()), its logs are kept under their
    * cap: checked at once (an adopted daemon may have written past it while
    * no supervisor ran), then every checkMs. Returns the first check.
+   * `recorded`: the caps its manifest records (an adopted instance: no
+   * prepare() in this process); absent in a manifest older than version 3,
+   * which means custody's defaults; null where its output was not logged.
    */
-  watch(id: string): Promise<void> {
+  watch(id: string, recorded?: LogOptions | null): Promise<void> {
     const prepared = this.#limits.get(id);
     this.#limits.delete(id);
-    // Adopted (no prepare() in this process): the defaults.
-    const limits = prepared === undefined ? DEFAULT_LIMITS : prepared;
+    const limits = prepared !== undefined ? prepared : recorded === null ? null : logLimits(recorded);
     if (limits === null) return Promise.resolve();
     this.#watched.set(id, limits);
     if (!this.#timer) {

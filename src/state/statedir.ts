@@ -38,7 +38,7 @@ import {
 } from '../errors.js';
 
 /** The format the stamp names. Custody 0.1 wrote format 1 and no stamp. */
-export const STATE_FORMAT = 2;
+export const STATE_FORMAT = 3;
 export const STAMP = '.custody';
 export const LOCK = '.lock';
 /** Instance logs (logs.ts): custody's, beside the instances, never one of them. */

@@ -342,7 +342,7 @@ describe(`custody ls (${backend.name})`, () => {
     writeFileSync(join(s.stateDir, 'notes.txt'), 'mine\n');
     const before = snapshot(s.stateDir);
     const json = JSON.parse(ok(await cli(['ls', '--state-dir', s.stateDir, '--json'])));
-    expect(json).toMatchObject({ stateDir: s.stateDir, format: 2, foreign: ['notes.txt'] });
+    expect(json).toMatchObject({ stateDir: s.stateDir, format: 3, foreign: ['notes.txt'] });
     expect(json.instances).toEqual([
       expect.objectContaining({ id: 'bad', state: 'running', pid: s.pids.bad, verdict: 'reused', field: 'startTicks' }),
       expect.objectContaining({ id: 'half', state: 'incomplete', pid: null, verdict: null }),
@@ -351,7 +351,7 @@ describe(`custody ls (${backend.name})`, () => {
     // The same from $CUSTODY_STATE_DIR, and with the option before the command.
     expect(JSON.parse(ok(await cli(['ls', '--json'], { CUSTODY_STATE_DIR: s.stateDir })))).toEqual(json);
     const human = ok(await cli(['--state-dir', s.stateDir, 'ls'])).split('\n');
-    expect(human[0]).toBe(`state dir ${s.stateDir}: format 2`);
+    expect(human[0]).toBe(`state dir ${s.stateDir}: format 3`);
     expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+REASON\s+COMMAND$/);
     expect(human[2]).toMatch(new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+${PYTHON}$`));
     expect(human[3]).toMatch(/^half\s+incomplete\s+-\s+-\s+manifest .*no manifest/);
@@ -497,7 +497,7 @@ describe(`custody recover, release, stop (${backend.name})`, () => {
     expect(recovered[0]).toBe(`state dir ${stateDir}: upgraded from custody 0.1's format`);
     expect(recovered[2]!.split(/\s+/)).toEqual(['adopted', 'vm-a', String(h.pid), '-']);
     expect(existsSync(join(stateDir, '.custody'))).toBe(true);
-    expect(JSON.parse(ok(await cli(['ls', '--state-dir', stateDir, '--json']))).format).toBe(2);
+    expect(JSON.parse(ok(await cli(['ls', '--state-dir', stateDir, '--json']))).format).toBe(3);
 
     const stopped = JSON.parse(
       ok(await cli(['stop', 'vm-a', '--json', '--grace-ms', '5000', '--state-dir', stateDir])),

@@ -111,12 +111,20 @@ export function identityVars(id: ProcessIdentity): Record<string, string | numbe
     UID: id.uid,
     PPID: id.ppid,
     STATE: id.state,
+    SESSION: id.session,
+    PID_NS: JSON.stringify(id.pidNs),
+    PROCESS_PID_NS: JSON.stringify(id.processPidNs),
   };
 }
 
 /** A 0.1 fixture with its placeholders filled: the bytes custody 0.1 would have written. */
 export function fill01(name: string, vars: Record<string, string | number>): string {
-  let text = readFileSync(join(FIXTURES, 'state-0.1', name), 'utf8');
+  return fillFixture('state-0.1', name, vars);
+}
+
+/** A fixture of test/fixtures/<dir> with its placeholders filled: the bytes the release that made it would have written. */
+export function fillFixture(dir: string, name: string, vars: Record<string, string | number>): string {
+  let text = readFileSync(join(FIXTURES, dir, name), 'utf8');
   for (const [k, v] of Object.entries(vars)) text = text.split(`__${k}__`).join(String(v));
   const missing = /__[A-Z_]+__/.exec(text);
   if (missing) throw new Error(`fixture ${name}: ${missing[0]} not filled`);

@@ -1,5 +1,5 @@
 /**
- * src/recovery/recover.ts deciders: what recovery does with each manifest, from what was read. Pure functions: no
+ * src/recovery/decide.ts deciders: what recovery does with each manifest, from what was read. Pure functions: no
  * process, no state dir; each case a situation and the decision expected (the effects are the behavioural
  * suites' business: test/recovery/recover.test.ts, test/recovery/cgroup-recovery.test.ts, test/reliability/).
  */
@@ -10,10 +10,12 @@ import {
   decideManifest,
   decideRunning,
   decideStarting,
+  decideStopping,
   decideUnreadable,
   type RunningFacts,
   type StartingFacts,
-} from '../../src/recovery/recover.js';
+  type StoppingFacts,
+} from '../../src/recovery/decide.js';
 import { IncompleteInstanceError, type Manifest } from '../../src/state/store.js';
 import type { ProcessIdentity } from '../../src/types.js';
 
@@ -49,6 +51,8 @@ const base = {
 };
 const running: Manifest = { ...base, state: 'running', identity, quarantine: null };
 const starting: Manifest = { ...base, state: 'starting', identity: null, quarantine: null };
+const confirmed: Manifest = { ...base, version: 3, state: 'starting', identity, quarantine: null };
+const stopping: Manifest = { ...base, version: 3, state: 'stopping', identity, quarantine: null, stoppingSince: 't' };
 const held: Manifest = {
   ...base,
   state: 'quarantined',
@@ -105,6 +109,20 @@ describe('decideManifest', () => {
       running,
       { provable: false, allowUnprovable: true },
       { do: 'adopt', why: 'unprovable' },
+    ],
+    ['a starting one with its confirmed identity is proven', confirmed, provable, { do: 'prove' }],
+    ['a stop cut off is proven', stopping, provable, { do: 'prove' }],
+    [
+      'no proof, allowUnprovable: a starting one with its confirmed identity is adopted as a running one',
+      confirmed,
+      { provable: false, allowUnprovable: true },
+      { do: 'adopt', why: 'unprovable' },
+    ],
+    [
+      'no proof, allowUnprovable: a stop cut off cannot be finished: quarantined',
+      stopping,
+      { provable: false, allowUnprovable: true },
+      { do: 'quarantine', reason: 'unprovable', persist: true },
     ],
     [
       'no proof, allowUnprovable: an interrupted launch is still quarantined',
@@ -184,6 +202,11 @@ describe('decideRunning', () => {
       'proven in an older format: adopted and rewritten',
       { current: false, verdict: ok, cgroup: 'none', judgement: ours },
       { do: 'adopt', rewrite: true },
+    ],
+    [
+      'a starting manifest with its confirmed identity, proven: adopted and rewritten as running',
+      { starting: true, verdict: ok, cgroup: 'none', judgement: ours },
+      { do: 'adopt', why: 'starting', rewrite: true },
     ],
     [
       'an argv mismatch re-proved by the declared paths: repaired',
@@ -290,5 +313,67 @@ describe('decideStarting', () => {
   ];
   it.each(cases)('%s', (_, more, decision) => {
     expect(decideStarting(facts(more))).toMatchObject(decision as object);
+  });
+});
+
+describe('decideStopping', () => {
+  const facts = (more: Partial<StoppingFacts>): StoppingFacts => ({
+    pid: 4242,
+    selfPid: 99,
+    current: true,
+    paths: [],
+    ...more,
+  });
+  const ok = { verdict: 'ok' } as const;
+  const ours = { ours: true, by: 'token' } as const;
+  const cases: Array<[string, Partial<StoppingFacts>, unknown]> = [
+    ['our own pid is never it', { pid: 99 }, { do: 'quarantine', reason: 'unprovable', field: 'pid' }],
+    ['its cgroup first: it names the members', {}, { do: 'read', what: 'cgroup' }],
+    [
+      'its cgroup is there: what is in it is ended with it, the main process never read',
+      { cgroup: 'same' },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    ['its cgroup is gone: nothing of it runs', { cgroup: 'gone' }, { do: 'clean', reason: 'stopped', graceMs: 0 }],
+    ['no cgroup: the main process next', { cgroup: 'none' }, { do: 'read', what: 'process' }],
+    [
+      'the main process is gone (the stop killed it): what it left is ended',
+      { cgroup: 'none', verdict: { verdict: 'gone' } },
+      { do: 'end-members', main: false },
+    ],
+    [
+      'rebooted: nothing of it runs',
+      { cgroup: 'none', verdict: { verdict: 'rebooted', field: 'bootId' } },
+      { do: 'clean', reason: 'rebooted' },
+    ],
+    [
+      'reused: quarantined, nothing signalled',
+      { cgroup: 'none', verdict: { verdict: 'reused', field: 'startTicks' } },
+      { do: 'quarantine', reason: 'reused', field: 'startTicks', persist: true },
+    ],
+    ['verified: the ownership rule next', { cgroup: 'none', verdict: ok }, { do: 'read', what: 'ownership' }],
+    [
+      'verified and ours: ended with its members',
+      { cgroup: 'none', verdict: ok, judgement: ours },
+      { do: 'end-members', main: true },
+    ],
+    [
+      'verified but not ours: quarantined',
+      { cgroup: 'none', verdict: ok, judgement: { ours: false, why: 'token' } },
+      { do: 'quarantine', reason: 'mismatch', field: 'token' },
+    ],
+    [
+      'ended: cleaned as stopped',
+      { cgroup: 'none', verdict: { verdict: 'gone' }, ended: true, unreadable: 0 },
+      { do: 'clean', reason: 'stopped', graceMs: 0 },
+    ],
+    [
+      'ended, but a carrier whose environment may not be read: unprovable',
+      { cgroup: 'none', verdict: { verdict: 'gone' }, ended: true, unreadable: 1 },
+      { do: 'quarantine', reason: 'unprovable', field: 'environ' },
+    ],
+  ];
+  it.each(cases)('%s', (_, more, decision) => {
+    expect(decideStopping(facts(more))).toMatchObject(decision as object);
   });
 });

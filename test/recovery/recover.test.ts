@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
-import { STARTING_CONFIRM_MS } from '../../src/recovery/recover.js';
+import { STARTING_CONFIRM_MS } from '../../src/recovery/decide.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { endOwn, hasUnshare, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { PERL, PYTHON, recoverInNamespace, vmArgs } from '../helpers/supervisor.js';

@@ -22,7 +22,7 @@ import { spawn, Supervisor } from '../../src/index.js';
 import { capLog, followLog, InstanceLogs, logPaths, openAppend, pruneLogs, readLogTail } from '../../src/state/logs.js';
 import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
 import { isGone, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
-import { openSupervisor, PYTHON, vmArgs } from '../helpers/supervisor.js';
+import { openSupervisor, PERL, PYTHON, vmArgs } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -416,6 +416,50 @@ describe(`the cap (${backend.name})`, () => {
       await second.supervisor.close();
     }
     expect(isGone(inst.pid)).toBe(true);
+  });
+
+  it("an adopted instance's log is held under the caps its launch recorded, never custody's defaults", async () => {
+    const root = scratch();
+    const stateDir = join(root, 'state');
+    const caps = { maxBytes: 200_000, keep: 3 };
+    const first = await Supervisor.open({ stateDir, onEvent: () => {} });
+    let inst: Awaited<ReturnType<typeof first.supervisor.launch>> | undefined;
+    const { stderr } = logPaths(stateDir, 'capped');
+    try {
+      // Four runs, each rotating the last to .1 (as its launch does): the current file, .1, .2 and .3.
+      for (let run = 1; run <= 4; run++) {
+        if (inst) await first.supervisor.stop('capped', { graceMs: 5000 });
+        inst = await first.supervisor.launch({
+          id: 'capped',
+          command: PERL,
+          args: (t) => ['-e', 'print STDERR "run $ARGV[0]\\n"; sleep 300', String(run), t, MARKER],
+          logs: caps,
+        });
+        await waitFor(() => existsSync(stderr) && readFileSync(stderr, 'utf8') === `run ${run}\n`, 5000, `run ${run}`);
+      }
+    } finally {
+      await first.supervisor.close();
+    }
+    expect(['.1', '.2', '.3'].map((g) => readFileSync(`${stderr}${g}`, 'utf8'))).toEqual([
+      'run 3\n',
+      'run 2\n',
+      'run 1\n',
+    ]);
+    // While no supervisor runs, the daemon writes past its cap (under custody's default of 8 MiB).
+    appendFileSync(stderr, Buffer.alloc(300_000, 0x61));
+    const second = await Supervisor.open({ stateDir, onEvent: () => {} });
+    try {
+      expect(second.report.adopted.map((a) => a.id)).toEqual(['capped']);
+      // The adoption's first check: the last maxBytes to .1, the older generations shifted, three kept.
+      await waitFor(() => statSync(stderr).size === 0, 10_000, 'the recorded cap on adoption');
+      expect(statSync(`${stderr}.1`).size).toBe(caps.maxBytes);
+      expect(['.2', '.3'].map((g) => readFileSync(`${stderr}${g}`, 'utf8'))).toEqual(['run 3\n', 'run 2\n']);
+      expect(existsSync(`${stderr}.4`)).toBe(false);
+      await second.supervisor.stop('capped', { graceMs: 5000 });
+    } finally {
+      await second.supervisor.close();
+    }
+    expect(isGone(inst!.pid)).toBe(true);
   });
 
   it('logs of ids with no state left go once untouched for the retention period', () => {

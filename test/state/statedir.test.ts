@@ -23,8 +23,8 @@ import { inspect, spawn, Supervisor, type CustodyEvent, type ProcessHandle } fro
 import { readStateDir } from '../../src/state/store.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { isGone, isRoot, MARKER, tmpDir, unusedPid } from '../helpers/procs.js';
-import { fill01, identityVars, write01 } from '../helpers/state.js';
-import { PERL } from '../helpers/supervisor.js';
+import { fill01, fillFixture, identityVars, write01 } from '../helpers/state.js';
+import { FIXTURES, PERL } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -114,7 +114,7 @@ describe(`what custody takes as its state dir (${backend.name})`, () => {
       if (stateDir.endsWith('empty')) mkdirSync(stateDir, { mode: 0o700 });
       const { supervisor } = await Supervisor.open({ stateDir, onEvent: () => {} });
       await supervisor.close();
-      expect(JSON.parse(readFileSync(join(stateDir, '.custody'), 'utf8'))).toMatchObject({ format: 2 });
+      expect(JSON.parse(readFileSync(join(stateDir, '.custody'), 'utf8'))).toMatchObject({ format: 3 });
       expect(statSync(stateDir).mode & 0o777).toBe(0o700);
     }
     // A stamp from a newer custody is not guessed at.
@@ -144,7 +144,7 @@ describe(`what custody takes as its state dir (${backend.name})`, () => {
     cleanups.push(() => void supervisor.stop('vm', { graceMs: 1000 }).catch(() => {}));
     const before = tree(stateDir);
     const listing = readStateDir(stateDir);
-    expect(listing).toMatchObject({ stateDir, format: 2, foreign: [] });
+    expect(listing).toMatchObject({ stateDir, format: 3, foreign: [] });
     expect(listing.entries.map((e) => [e.name, e.manifest?.identity?.pid])).toEqual([['vm', inst.pid]]);
     expect(tree(stateDir)).toEqual(before);
   });
@@ -287,6 +287,30 @@ describe(`StrictModes: no path another uid could change (${backend.name})`, () =
   });
 });
 
+type Upgraded = { manifest: (id: string) => Record<string, unknown>; pids: Record<'a' | 'b' | 'q' | 's', number> };
+
+/**
+ * What an upgrade leaves of the fixtures' instances: the proven ones rewritten as version 3 (the
+ * interrupted launch as running), the quarantine untouched (not proven, not rewritten: read in its old
+ * version as long as it stays), every process alive, and no warning.
+ */
+function expectUpgraded(
+  d: Upgraded,
+  before: Record<'a' | 'b' | 'q' | 's', Record<string, unknown>>,
+  events: CustodyEvent[],
+) {
+  for (const key of ['a', 'b'] as const) expect(d.manifest(`vm-${key}`)).toEqual({ ...before[key], version: 3 });
+  expect(d.manifest('vm-s')).toMatchObject({
+    version: 3,
+    state: 'running',
+    token: before.s.token,
+    identity: { pid: d.pids.s },
+  });
+  expect(d.manifest('vm-q')).toEqual(before.q);
+  expect(Object.values(d.pids).every((p) => !isGone(p))).toBe(true);
+  expect(events.filter((e) => e.type === 'warning')).toEqual([]);
+}
+
 describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
   /** A 0.1 state dir, from the fixtures, for processes this test starts: what 0.1 would have left for them. */
   function dir01(options: { held?: number } = {}) {
@@ -331,7 +355,7 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
     return { stateDir, root, pids: { a: a.pid, b: b.pid, q: q.pid, s: s.pid }, manifest };
   }
 
-  it('adopts every instance 0.1 recorded, rewrites each as version 2 once proven, and quarantines nothing for its version', async () => {
+  it('adopts every instance 0.1 recorded, rewrites each as version 3 once proven, and quarantines nothing for its version', async () => {
     const d = dir01();
     const v1 = { a: d.manifest('vm-a'), b: d.manifest('vm-b'), q: d.manifest('vm-q'), s: d.manifest('vm-s') };
     // A look before the upgrade changes nothing, and says it is 0.1's.
@@ -349,21 +373,8 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
     expect(report.quarantined).toEqual([{ id: 'vm-q', pid: d.pids.q, reason: 'reused', field: 'startTicks' }]);
     expect(report.cleaned).toEqual([{ id: 'vm-t', reason: 'incomplete' }]);
     expect(report.repaired).toEqual([]);
-    expect(JSON.parse(readFileSync(join(d.stateDir, '.custody'), 'utf8'))).toMatchObject({ format: 2 });
-    for (const id of ['vm-a', 'vm-b'] as const) {
-      const key = id.slice(3) as 'a' | 'b';
-      expect(d.manifest(id)).toEqual({ ...v1[key], version: 3 });
-    }
-    expect(d.manifest('vm-s')).toMatchObject({
-      version: 3,
-      state: 'running',
-      token: v1.s.token,
-      identity: { pid: d.pids.s },
-    });
-    // Not proven, not rewritten: read as version 1 as long as it stays.
-    expect(d.manifest('vm-q')).toEqual(v1.q);
-    expect(Object.values(d.pids).every((p) => !isGone(p))).toBe(true);
-    expect(events.filter((e) => e.type === 'warning')).toEqual([]);
+    expect(JSON.parse(readFileSync(join(d.stateDir, '.custody'), 'utf8'))).toMatchObject({ format: 3 });
+    expectUpgraded(d, v1, events);
     await supervisor.stop('vm-a', { graceMs: 2000 });
     expect(existsSync(join(d.stateDir, 'vm-a'))).toBe(false);
     await supervisor.close();
@@ -390,5 +401,62 @@ describe(`upgrading a state dir custody 0.1 left (${backend.name})`, () => {
     const { supervisor, report } = await Supervisor.open({ stateDir: d.stateDir, onEvent: () => {} });
     cleanups.push(() => supervisor.close());
     expect(report.adopted.map((x) => x.id)).toEqual(['vm-a', 'vm-b', 'vm-s']);
+  });
+});
+
+describe(`upgrading a state dir custody 0.2 left (${backend.name})`, () => {
+  /** A 0.2 state dir, from the fixtures, for processes this test starts: what 0.2 would have left for them. */
+  function dir02() {
+    const root = scratch();
+    const stateDir = join(root, 'state');
+    mkdirSync(stateDir, { mode: 0o700 });
+    writeFileSync(join(stateDir, '.custody'), readFileSync(join(FIXTURES, 'state-0.2', 'stamp')), { mode: 0o600 });
+    const token = () => randomBytes(16).toString('hex');
+    const tokens = { a: token(), b: token(), q: token(), s: token() };
+    const a = perlSleeper([tokens.a, MARKER]);
+    const b = perlSleeper([tokens.b]);
+    const q = perlSleeper([tokens.q, MARKER]);
+    const s = perlSleeper([tokens.s]);
+    const common = { DIR: root, PERL, MARKER };
+    const put = (id: string, name: string, vars: Record<string, string | number>) =>
+      write01(stateDir, id, fillFixture('state-0.2', `${name}.json.tmpl`, { ...common, ...vars }));
+    put('vm-a', 'running-child', { TOKEN: tokens.a, ...identityVars(inspect(a.pid)) });
+    put('vm-b', 'running-pidfile', { TOKEN: tokens.b, ...identityVars(inspect(b.pid)) });
+    put('vm-q', 'quarantined', { TOKEN: tokens.q, ...identityVars(inspect(q.pid)) });
+    put('vm-s', 'starting', { TOKEN: tokens.s });
+    // Its launcher had written the pidfile (the pid it then exec'd into) when 0.2 died.
+    writeFileSync(join(root, 'vm-s.pid'), `${s.pid}\n`);
+    const manifest = (id: string) => JSON.parse(readFileSync(join(stateDir, id, 'manifest.json'), 'utf8'));
+    return { stateDir, pids: { a: a.pid, b: b.pid, q: q.pid, s: s.pid }, manifest };
+  }
+
+  it('gives every instance the outcome 0.2 would, rewrites the proven ones as version 3, and stamps the dir 3', async () => {
+    const d = dir02();
+    const v2 = { a: d.manifest('vm-a'), b: d.manifest('vm-b'), q: d.manifest('vm-q'), s: d.manifest('vm-s') };
+    expect(readStateDir(d.stateDir).format).toBe(2);
+    const events: CustodyEvent[] = [];
+    const { supervisor, report } = await Supervisor.open({ stateDir: d.stateDir, onEvent: (e) => events.push(e) });
+    cleanups.push(() => supervisor.close());
+    expect(report).toEqual({
+      adopted: [
+        { id: 'vm-a', pid: d.pids.a },
+        { id: 'vm-b', pid: d.pids.b },
+        { id: 'vm-s', pid: d.pids.s, reason: 'starting' },
+      ],
+      repaired: [],
+      cleaned: [],
+      // The one quarantine is the one 0.2 had persisted; none is for the version.
+      quarantined: [{ id: 'vm-q', pid: d.pids.q, reason: 'reused', field: 'pidfsId' }],
+      deferred: [],
+    });
+    expect(JSON.parse(readFileSync(join(d.stateDir, '.custody'), 'utf8'))).toEqual({ custody: 'state dir', format: 3 });
+    expectUpgraded(d, v2, events);
+    await supervisor.close();
+    // Upgraded once: the next open finds a dir of its own format, and the same instances.
+    const again = await Supervisor.open({ stateDir: d.stateDir, onEvent: () => {} });
+    cleanups.push(() => again.supervisor.close());
+    expect(again.report.adopted.map((x) => x.id)).toEqual(['vm-a', 'vm-b', 'vm-s']);
+    expect(again.report.quarantined.map((x) => x.id)).toEqual(['vm-q']);
+    await again.supervisor.release('vm-q');
   });
 });

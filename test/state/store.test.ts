@@ -288,7 +288,17 @@ describe(`the manifest decoder (${backend.name})`, () => {
     expect(held.state === 'quarantined' && held.quarantine.reason).toBe('reused');
     expect(decode({ state: 'quarantined', identity: null, quarantine: q }).identity).toBeNull();
     expect(() => decode({ identity: null })).toThrow(/a running manifest has no identity/);
-    expect(() => decode({ state: 'starting' })).toThrow(/a starting manifest has an identity/);
+    // Version 3 keeps the confirmed identity on a starting manifest (readiness pending); no earlier version did.
+    expect(decode({ state: 'starting' }).identity).toEqual(m.identity);
+    expect(() => decode({ state: 'starting', version: 2 })).toThrow(/a starting manifest has an identity/);
+    // A stop under way: its identity and when it began.
+    const since = new Date().toISOString();
+    expect(decode({ state: 'stopping', stoppingSince: since }).state).toBe('stopping');
+    expect(() => decode({ state: 'stopping' })).toThrow(/stoppingSince is malformed/);
+    expect(() => decode({ state: 'stopping', stoppingSince: since, identity: null })).toThrow(
+      /a stopping manifest has no identity/,
+    );
+    expect(() => decode({ state: 'stopping', stoppingSince: since, version: 2 })).toThrow(/unknown state "stopping"/);
     expect(() => decode({ quarantine: q })).toThrow(/a running manifest has a quarantine/);
     expect(() => decode({ state: 'quarantined' })).toThrow(/a quarantined manifest has no quarantine/);
   });
@@ -388,7 +398,7 @@ describe(`writes that fail (${backend.name})`, () => {
     const script = `
       const { openSync, closeSync } = await import('node:fs');
       const { spawn } = await import(${JSON.stringify(DIST)});
-      const { abandon } = await import(${JSON.stringify(join(DIST, '..', 'launch.js'))});
+      const { abandon } = await import(${JSON.stringify(join(DIST, '..', 'lifecycle', 'launch.js'))});
       const token = 'f'.repeat(32);
       const child = spawn(${JSON.stringify(PERL)}, ['-e', 'sleep 300', token, ${JSON.stringify(MARKER)}], { stdio: 'ignore', detached: true });
       const a = { id: 'undo', token, argv: [], expect: [], executable: null, paths: [], pidSpec: 'child', launcherExits: true,

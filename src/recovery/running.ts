@@ -1,0 +1,144 @@
+/**
+ * A manifest whose process was confirmed: running, or starting with the
+ * identity its launch confirmed (the agent died while readiness was
+ * pending). Its recorded process is pinned, verified, its cgroup and the
+ * ownership rule checked, in the order decideRunning asks; then adopted
+ * (rewritten as a running manifest of the current version), repaired,
+ * cleaned or quarantined.
+ */
+import type { InstanceCgroup } from '../process/cgroup.js';
+import { verify } from '../process/identity.js';
+import { judge } from '../process/ownership.js';
+import {
+  MANIFEST_VERSION,
+  type RunningManifest,
+  type StartingManifest,
+  type StoppingManifest,
+} from '../state/store.js';
+import type { ProcessIdentity } from '../types.js';
+import { recordedClaim } from './claims.js';
+import { decideRunning, type Outcome, type RunningFacts } from './decide.js';
+import type { RecoveryEffects } from './effects.js';
+import { type Pinned, type PinsAhead, pin } from './pins.js';
+
+/** A manifest decideRunning judges: its identity recorded. */
+export type Confirmed = RunningManifest | (StartingManifest & { identity: ProcessIdentity });
+
+/** The recorded process pinned (from the pins taken ahead where there is one), or null where none lives at the pid. */
+async function pinRecorded(ahead: PinsAhead, pid: number): Promise<Pinned | null> {
+  const early = await ahead.take(pid);
+  return early === undefined ? pin(pid) : early;
+}
+
+/**
+ * The facts decideRunning asks for about a manifest's recorded process, read
+ * in the order asked: the process (pinned), its cgroup, the ownership rule.
+ * The caller owns the pin (`live`) once read.
+ */
+export class RecordedProcess {
+  live: Pinned | null = null;
+  cgroup: InstanceCgroup | null = null;
+  readonly #fx: RecoveryEffects;
+  readonly #ahead: PinsAhead;
+  readonly #m: Confirmed | StoppingManifest;
+
+  constructor(fx: RecoveryEffects, ahead: PinsAhead, m: Confirmed | StoppingManifest) {
+    this.#fx = fx;
+    this.#ahead = ahead;
+    this.#m = m;
+  }
+
+  async read(what: 'process' | 'cgroup' | 'ownership', f: RunningFacts): Promise<void> {
+    const m = this.#m;
+    if (what === 'process') {
+      this.live = await pinRecorded(this.#ahead, m.identity.pid);
+      f.verdict = verify(m.identity, this.live?.identity ?? null);
+    } else if (what === 'cgroup') {
+      const c = this.#fx.cgroupOf(m);
+      this.cgroup = c === 'gone' ? null : c;
+      f.cgroup = c === 'gone' ? 'gone' : c ? 'same' : 'none';
+    } else {
+      const live = this.live;
+      if (!live) throw new Error(`recovery of ${m.id}: ownership asked for without a live process`);
+      // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
+      f.judgement = judge(recordedClaim(m, this.cgroup?.node ?? null), live.identity, undefined, true, live.environ);
+      f.liveArgv = live.identity.argv;
+    }
+  }
+}
+
+export async function recoverRunning(fx: RecoveryEffects, ahead: PinsAhead, m: Confirmed): Promise<void> {
+  const f: RunningFacts = {
+    pid: m.identity.pid,
+    selfPid: process.pid,
+    current: m.version === MANIFEST_VERSION,
+    starting: m.state === 'starting',
+    paths: m.paths,
+  };
+  const rec = new RecordedProcess(fx, ahead, m);
+  let kept = false;
+  try {
+    for (;;) {
+      const step = decideRunning(f);
+      if (step.do === 'read') {
+        await rec.read(step.what, f);
+        continue;
+      }
+      if (step.do !== 'adopt' && step.do !== 'repair') return await fx.conclude(m, step, m.identity.pid);
+      const live = rec.live;
+      if (!live) throw new Error(`recovery of ${m.id} cannot ${step.do} without a live process`);
+      kept = true;
+      await keep(fx, m, step, live, rec.cgroup).catch((err: unknown) => {
+        kept = false;
+        throw err;
+      });
+      return;
+    }
+  } finally {
+    if (!kept) rec.live?.handle.close();
+  }
+}
+
+/** Adopted or repaired: the supervisor takes the pin. A failed write of a repair fails it (the pin is closed by the caller). */
+async function keep(
+  fx: RecoveryEffects,
+  m: Confirmed,
+  o: Extract<Outcome, { do: 'adopt' | 'repair' }>,
+  live: Pinned,
+  cg: InstanceCgroup | null,
+): Promise<void> {
+  const { id } = m;
+  const pid = m.identity.pid;
+  if (o.do === 'adopt') {
+    // Proven: an older format, or a launch cut off before readiness, is rewritten as the running manifest it is.
+    const running: RunningManifest = m.state === 'starting' ? { ...m, state: 'running', updatedAt: now() } : m;
+    if (o.rewrite) await fx.rewrite(running);
+    fx.adopt(running, live.handle, cg, o.why === 'starting' ? 'starting' : undefined);
+    fx.emit('adopt', {
+      id,
+      pid,
+      message:
+        o.why === 'starting'
+          ? `${id} (pid ${pid}) adopted: its launch was cut off before it was ready; identity verified`
+          : `${id} (pid ${pid}) adopted: identity verified`,
+    });
+    return;
+  }
+  const repaired: RunningManifest = {
+    ...m,
+    state: 'running',
+    identity: { ...live.identity, startTicks: m.identity.startTicks },
+    updatedAt: now(),
+  };
+  await fx.store.write(repaired);
+  fx.host.adopt(repaired, live.handle, cg);
+  fx.report.repaired.push({ id, pid, reason: 'mismatch', field: o.field });
+  fx.emit('repair', {
+    id,
+    pid,
+    field: o.field,
+    message: `${id}: recorded ${o.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
+  });
+}
+
+const now = () => new Date().toISOString();

@@ -35,6 +35,7 @@ import {
 import { NotifyChannel } from './lifecycle/notify.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
 import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
+import { holdsLoop, validateStopOptions, validateSupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';
 import {
   assertEntryName,
@@ -190,21 +191,7 @@ export class Supervisor {
    * manifest in it before resolving: { supervisor, report }.
    */
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
-    if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
-    if (options.onEvent !== undefined && typeof options.onEvent !== 'function')
-      throw new InvalidArgError('onEvent must be a function');
-    // Checked before the state dir is touched: a bad root leaves nothing behind.
-    if (options.cgroup !== undefined) CgroupRoot.validate(options.cgroup);
-    if (options.sweep !== undefined) {
-      const sw = options.sweep;
-      if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns))
-        throw new InvalidArgError('sweep must be { intervalMs, patterns }');
-      assertDuration(sw.intervalMs, 'sweep.intervalMs');
-      if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
-      for (const p of sw.patterns) validateSweep(p);
-    }
-    if (options.create !== undefined && typeof options.create !== 'boolean')
-      throw new InvalidArgError('create must be a boolean');
+    validateSupervisorOptions(options);
     // A /proc of another pid namespace would make every proof below about other processes.
     if (backend.capabilities().proc) assertOwnProc();
     const emit = emitter(options.onEvent);
@@ -336,7 +323,7 @@ export class Supervisor {
       paths: manifest.paths.length ? manifest.paths : NO_PATHS,
     };
     this.#table.set(manifest.id, running);
-    if (!this.#options.keepAlive) handle.unref();
+    if (!holdsLoop(this.#options)) handle.unref();
     // Bound rather than a closure: one small object per instance, no context.
     void instance.exited.then(this.#onExit.bind(this, instance));
     this.#holdExitOf(running);
@@ -768,11 +755,8 @@ export class Supervisor {
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
     if (t.status === 'stopping') return t.done;
+    validateStopOptions(options);
     const graceMs = options.graceMs ?? 30_000;
-    assertDuration(graceMs, 'graceMs');
-    if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
-    if (options.graceful !== undefined && typeof options.graceful !== 'function')
-      throw new InvalidArgError('graceful must be a function');
     if (t.cgroup && options.tree === false) {
       throw new InvalidArgError(
         `${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`,

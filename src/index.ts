@@ -44,7 +44,32 @@ export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec } from './li
 export { followLog, logPaths, readLogTail } from './state/logs.js';
 export type { LogFiles, LogOptions } from './state/logs.js';
 export type { RecoveryReport, RecoveryEntry } from './recovery/recover.js';
-export type { CustodyEvent, CustodyEventType, EventSink } from './events.js';
+export type {
+  AbandonEvent,
+  AdoptEvent,
+  CleanEvent,
+  ConfirmEvent,
+  CustodyEvent,
+  CustodyEventOf,
+  CustodyEventType,
+  EscalateEvent,
+  EventSink,
+  ExitEvent,
+  FreezeEvent,
+  LaunchEvent,
+  QuarantineEvent,
+  ReadyEvent,
+  ReleaseEvent,
+  RepairEvent,
+  RetryEvent,
+  RunningEvent,
+  SpawnEvent,
+  StatusEvent,
+  StopEvent,
+  SweepEvent,
+  ThawEvent,
+  WarningEvent,
+} from './events.js';
 export type { Manifest, ManifestState } from './state/store.js';
 export { sweep } from './process/sweep.js';
 export type { SweepOptions, SweepResult } from './process/sweep.js';

@@ -16,6 +16,7 @@ import {
 } from './errors.js';
 import { emitter, type Emit } from './events.js';
 import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './process/handle.js';
+import { awaitedExit } from './process/awaited.js';
 import { callHook } from './lifecycle/hooks.js';
 import { InstanceLogs, logLimits } from './state/logs.js';
 import {
@@ -311,7 +312,7 @@ export class Supervisor {
       pid: handle.pid,
       token: manifest.token,
       identity,
-      exited: handle.exited,
+      exited: awaitedExit(handle),
       cgroup: cgroup?.path ?? null,
     };
     const running: Running = {
@@ -325,7 +326,7 @@ export class Supervisor {
     this.#table.set(manifest.id, running);
     if (!holdsLoop(this.#options)) handle.unref();
     // Bound rather than a closure: one small object per instance, no context.
-    void instance.exited.then(this.#onExit.bind(this, instance));
+    void handle.exited.then(this.#onExit.bind(this, instance));
     this.#holdExitOf(running);
     void this.#logs.watch(manifest.id);
     return instance;

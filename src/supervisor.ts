@@ -35,7 +35,7 @@ import {
 } from './lifecycle/launch.js';
 import { NotifyChannel } from './lifecycle/notify.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
-import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
+import type { InstanceSummary, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
 import { holdsLoop, validateStopOptions, validateSupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';
 import {
@@ -1029,7 +1029,7 @@ export class Supervisor {
   }
 
   /** Every instance with its status; a quarantined one never hides the others. */
-  list(): InstanceInfo[] {
+  list(): InstanceSummary[] {
     return [...this.#table].map(([id, t]) => info(id, t));
   }
 
@@ -1196,15 +1196,15 @@ export class Supervisor {
 }
 
 /** What list() says of one record. */
-function info(id: string, t: Tracked): InstanceInfo {
+function info(id: string, t: Tracked): InstanceSummary {
   const status = shownStatus(t);
   if (t.status === 'quarantined') {
-    const out: InstanceInfo = { id, status, pid: t.manifest?.identity?.pid ?? null, ppid: null, reason: t.reason };
+    const out: InstanceSummary = { id, status, pid: t.manifest?.identity?.pid ?? null, ppid: null, reason: t.reason };
     if (t.field !== undefined) out.field = t.field;
     return out;
   }
   if (t.status === 'deferred') {
-    const out: InstanceInfo = { id, status, pid: null, ppid: null };
+    const out: InstanceSummary = { id, status, pid: null, ppid: null };
     const reason = (t.error as NodeJS.ErrnoException).code;
     if (reason !== undefined) out.reason = reason;
     return out;
@@ -1215,7 +1215,7 @@ function info(id: string, t: Tracked): InstanceInfo {
   // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
   const ppid =
     p.status === 'running' && !handle.hasExited ? liveParent(handle.pid, instance.identity.startTicks) : null;
-  const out: InstanceInfo = { id, status, pid: handle.pid, ppid };
+  const out: InstanceSummary = { id, status, pid: handle.pid, ppid };
   if (p.status === 'exited') out.exit = p.exit;
   if (p.cgroup) out.cgroup = p.cgroup.path;
   return out;

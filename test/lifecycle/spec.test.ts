@@ -12,11 +12,13 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { followLog, type LaunchSpec, spawn, Supervisor, sweep, terminate } from '../../src/index.js';
+import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from '../helpers/cgroup.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { MARKER, tmpDir } from '../helpers/procs.js';
 import { openSupervisor, PERL } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
+expectNoCgroupsLeft();
 
 const MAX_MS = 2 ** 31 - 1;
 const args = (t: string) => ['-e', 'sleep 30', '--', t, MARKER];
@@ -174,6 +176,24 @@ describe(`StopOptions checks (${backend.name})`, () => {
     expect(ctx.supervisor.list()).toEqual([expect.objectContaining({ id: 'kept', status: 'running', pid: inst.pid })]);
     expect(ctx.events.filter((e) => e.type === 'stop' || e.type === 'escalate')).toEqual([]);
     await ctx.supervisor.stop('kept', { graceMs: 2000 });
+  });
+});
+
+describe(`freeze() and thaw() timeoutMs (${backend.name})`, () => {
+  it('past 2^31 - 1, or a fraction, is refused and the cgroup is left as it was', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    ctx = await openSupervisor({ cgroup: { root: CGROUP_ROOT } });
+    const inst = await ctx.supervisor.launch({ id: 'cg', command: PERL, args });
+    const frozen = () => readFileSync(join(inst.cgroup!, 'cgroup.events'), 'utf8').match(/^frozen (\d)$/m)?.[1];
+    await expect(ctx.supervisor.freeze('cg', { timeoutMs: 2 ** 31 })).rejects.toMatchObject(
+      invalid(/timeoutMs .* got 2147483648/),
+    );
+    expect(frozen()).toBe('0');
+    await ctx.supervisor.freeze('cg', { timeoutMs: 5000 });
+    await expect(ctx.supervisor.thaw('cg', { timeoutMs: 0.5 })).rejects.toMatchObject(invalid(/timeoutMs .* got 0.5/));
+    expect(frozen()).toBe('1');
+    await ctx.supervisor.thaw('cg');
+    await ctx.supervisor.stop('cg', { graceMs: 2000 });
   });
 });
 

@@ -751,12 +751,12 @@ export class Supervisor {
   async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
     this.#assertOpen();
     assertId(id);
+    validateStopOptions(options);
     const t = this.#table.get(id);
     if (!t || t.status === 'starting') throw notFound(id, t?.status);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
     if (t.status === 'stopping') return t.done;
-    validateStopOptions(options);
     const graceMs = options.graceMs ?? 30_000;
     if (t.cgroup && options.tree === false) {
       throw new InvalidArgError(

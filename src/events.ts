@@ -8,50 +8,166 @@
  */
 import { channel } from 'node:diagnostics_channel';
 import { callHook } from './lifecycle/hooks.js';
+import type { StopResult } from './process/terminate.js';
+import type { ExitStatus, ProcessIdentity } from './types.js';
 
-export type CustodyEventType =
-  | 'launch'
-  | 'spawn'
-  | 'confirm'
-  | 'ready'
-  | 'status'
-  | 'running'
-  | 'abandon'
-  | 'retry'
-  | 'escalate'
-  | 'stop'
-  | 'exit'
-  | 'warning'
-  | 'adopt'
-  | 'repair'
-  | 'clean'
-  | 'quarantine'
-  | 'release'
-  | 'sweep'
-  | 'freeze'
-  | 'thaw';
-
-export interface CustodyEvent {
-  type: CustodyEventType;
-  /** The instance, where the event concerns one. */
-  id?: string;
-  pid?: number;
+/** What every event carries. */
+interface EventBase<T extends string> {
+  type: T;
   /** Milliseconds since the epoch. */
   time: number;
-  message?: string;
-  [key: string]: unknown;
+  /** A sentence for people; code branches on `type` and the fields. */
+  message: string;
 }
+
+/** An event about one process of one instance. */
+interface InstanceEvent<T extends string> extends EventBase<T> {
+  id: string;
+  pid: number;
+}
+
+/** An event about an instance as a whole, or a launch attempt, rather than one process of it. */
+interface WholeInstanceEvent<T extends string> extends EventBase<T> {
+  id: string;
+  pid?: undefined;
+}
+
+/** An attempt began: its starting manifest is written, its process about to be spawned. */
+export interface LaunchEvent extends WholeInstanceEvent<'launch'> {
+  /** 1 for the first try. */
+  attempt: number;
+  token: string;
+}
+/** The attempt's child was spawned: the target itself, or a launcher the target's pid comes from. */
+export type SpawnEvent = InstanceEvent<'spawn'>;
+/** The pid exec'd into the expected program; its identity is recorded from that inspection. */
+export interface ConfirmEvent extends InstanceEvent<'confirm'> {
+  identity: ProcessIdentity | null;
+}
+export type ReadyEvent = InstanceEvent<'ready'>;
+/** An sd_notify STATUS= line from the instance. */
+export interface StatusEvent extends InstanceEvent<'status'> {
+  status: string;
+}
+/** Launched: the running manifest is written. */
+export type RunningEvent = InstanceEvent<'running'>;
+/** A failed attempt was undone: every process it made proven gone, its state removed. */
+export interface AbandonEvent extends WholeInstanceEvent<'abandon'> {
+  attempt: number;
+  /** The processes the attempt ended. */
+  pids: number[];
+  /** Why the attempt failed. */
+  error: unknown;
+}
+/** Another attempt follows a failed one. */
+export interface RetryEvent extends WholeInstanceEvent<'retry'> {
+  /** The attempt about to start. */
+  attempt: number;
+}
+/** A process outlived its grace after SIGTERM: SIGKILL follows. */
+export type EscalateEvent = InstanceEvent<'escalate'>;
+/** stop() ended the instance; its state is gone. */
+export interface StopEvent extends InstanceEvent<'stop'>, StopResult {}
+/** The main process exited on its own. */
+export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus {}
+/** Something worth an operator's look; custody carried on. */
+export interface WarningEvent extends EventBase<'warning'> {
+  id?: string;
+  pid?: number;
+  /** The processes concerned, where there are several. */
+  pids?: number[];
+  /** The file or directory concerned. */
+  path?: string;
+  /** Names found in a state directory that custody did not write. */
+  left?: string[];
+  /** The cgroup concerned. */
+  cgroup?: string;
+  /** Why, in the terms of the ownership rule (recovery's rejections). */
+  reason?: string;
+}
+/** Recovery found the recorded process alive and proven: it is supervised again. */
+export type AdoptEvent = InstanceEvent<'adopt'>;
+/** Recovery re-proved a process whose recorded `field` disagreed, and rewrote its manifest. */
+export interface RepairEvent extends InstanceEvent<'repair'> {
+  field: string;
+}
+/** State of an instance that is over was removed (recovery), or its old logs were (nobody signalled). */
+export interface CleanEvent extends EventBase<'clean'> {
+  id: string;
+  pid?: number;
+  /** Why it is over: 'gone', 'rebooted', 'incomplete'. */
+  reason?: string;
+}
+/** Recovery could not prove whose the recorded pid is: it will not be signalled. */
+export interface QuarantineEvent extends EventBase<'quarantine'> {
+  id: string;
+  pid?: number;
+  reason?: string;
+  field?: string;
+}
+/** The operator released a quarantined instance: its state is gone, nothing was signalled. */
+export interface ReleaseEvent extends EventBase<'release'> {
+  id: string;
+  pid?: number;
+  reason: string;
+}
+/** A periodic sweep found orphans matching one of its patterns. */
+export interface SweepEvent extends EventBase<'sweep'> {
+  id?: undefined;
+  pid?: undefined;
+  /** The pattern's argv, in custody's lossless form. */
+  argv: string[];
+  dryRun: boolean;
+  matched: number[];
+  terminated: number[];
+  killed: number[];
+  survivors: number[];
+}
+export type FreezeEvent = WholeInstanceEvent<'freeze'>;
+export type ThawEvent = WholeInstanceEvent<'thaw'>;
+
+/** Every event custody emits, told apart by `type`: `if (e.type === 'stop') e.outcome` type-checks. */
+export type CustodyEvent =
+  | LaunchEvent
+  | SpawnEvent
+  | ConfirmEvent
+  | ReadyEvent
+  | StatusEvent
+  | RunningEvent
+  | AbandonEvent
+  | RetryEvent
+  | EscalateEvent
+  | StopEvent
+  | ExitEvent
+  | WarningEvent
+  | AdoptEvent
+  | RepairEvent
+  | CleanEvent
+  | QuarantineEvent
+  | ReleaseEvent
+  | SweepEvent
+  | FreezeEvent
+  | ThawEvent;
+
+export type CustodyEventType = CustodyEvent['type'];
+
+/** The event of one type, as a sink receives it. */
+export type CustodyEventOf<T extends CustodyEventType> = Extract<CustodyEvent, { type: T }>;
+
+/** What an emitter is given for an event of type T: all of it but the type and the time. */
+export type EventFields<T extends CustodyEventType> = Omit<CustodyEventOf<T>, 'type' | 'time'>;
 
 /** Sync or async: what it returns is not awaited, but a promise it returns that rejects is caught and reported. */
 export type EventSink = (event: CustodyEvent) => unknown;
 
 const channels = new Map<string, ReturnType<typeof channel>>();
 
-export function emitter(
-  sink: EventSink | undefined,
-): (type: CustodyEventType, fields?: Omit<CustodyEvent, 'type' | 'time'>) => void {
-  return (type, fields = {}) => {
-    const event: CustodyEvent = { type, time: Date.now(), ...fields };
+export type Emit = <T extends CustodyEventType>(type: T, fields: EventFields<T>) => void;
+
+export function emitter(sink: EventSink | undefined): Emit {
+  return (type, fields) => {
+    // The fields are those of `type` (EventFields<T>); the compiler cannot see that the two together make one event.
+    const event = { type, time: Date.now(), ...fields } as CustodyEvent;
     let ch = channels.get(type);
     if (!ch) {
       ch = channel(`custody:${type}`);
@@ -75,8 +191,6 @@ export function emitter(
     }
   };
 }
-
-export type Emit = ReturnType<typeof emitter>;
 
 /** The event as JSON for a warning's detail; never throws (errors become their messages, bigints strings). */
 function describeEvent(event: CustodyEvent): string {

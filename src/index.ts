@@ -3,19 +3,73 @@ export { inspect, verify } from './process/identity.js';
 export { open, spawn, ProcessHandle } from './process/handle.js';
 export type { SpawnOptions, StdioOption } from './process/handle.js';
 export { terminate } from './process/terminate.js';
-export type { TerminateOptions, TerminateResult } from './process/terminate.js';
+export type { StopResult, TerminateOptions, TerminateResult } from './process/terminate.js';
 export { parseStat, splitCmdline } from './process/proc.js';
 export type { StatFields } from './process/proc.js';
-export * from './errors.js';
+// Named, not `export *`: errors.ts also holds helpers for custody's own modules (errnoError, isErrnoCode).
+export {
+  AbortError,
+  BadCgroupError,
+  BadLogError,
+  BadManifestError,
+  BadPidfileError,
+  CgroupTimeoutError,
+  ConfirmTimeoutError,
+  CustodyError,
+  DeferredError,
+  ForeignProcError,
+  IdentityMismatchError,
+  IdentityUnrecordedError,
+  InvalidArgError,
+  LaunchExitedError,
+  NoStateDirError,
+  NotAProcessError,
+  NotCustodyDirError,
+  NotOursError,
+  PathRefusedError,
+  QuarantinedError,
+  ReadyTimeoutError,
+  StateIOError,
+  StateLockedError,
+  StopTimeoutError,
+  UnsafePathError,
+  UnsupportedError,
+} from './errors.js';
+export type { CustodyErrorCode } from './errors.js';
 export type { Capabilities, CgroupCapabilities, ExitStatus, ProcessIdentity, Verdict, VerifyResult } from './types.js';
 export type { CgroupLimits, CgroupOptions, CgroupUsage } from './process/cgroup.js';
 export { Supervisor } from './supervisor.js';
-export type { SupervisorOptions, StopOptions, StopResult, InstanceInfo, InstanceStatus } from './supervisor.js';
+export type { InstanceInfo, InstanceStatus, InstanceSummary, StopOptions, SupervisorOptions } from './options.js';
 export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec } from './lifecycle/launch.js';
 export { followLog, logPaths, readLogTail } from './state/logs.js';
 export type { LogFiles, LogOptions } from './state/logs.js';
 export type { RecoveryReport, RecoveryEntry } from './recovery/recover.js';
-export type { CustodyEvent, CustodyEventType, EventSink } from './events.js';
+export type {
+  AbandonEvent,
+  AdoptEvent,
+  CleanEvent,
+  ConfirmEvent,
+  CustodyEvent,
+  CustodyEventOf,
+  CustodyEventType,
+  EscalateEvent,
+  EventSink,
+  ExitEvent,
+  FreezeEvent,
+  LaunchEvent,
+  QuarantineEvent,
+  ReadyEvent,
+  ReleaseEvent,
+  RepairEvent,
+  RetryEvent,
+  RunningEvent,
+  SpawnEvent,
+  StatusEvent,
+  StopEvent,
+  SweepEvent,
+  ThawEvent,
+  WarningEvent,
+} from './events.js';
 export type { Manifest, ManifestState } from './state/store.js';
 export { sweep } from './process/sweep.js';
 export type { SweepOptions, SweepResult } from './process/sweep.js';

@@ -1,17 +1,23 @@
 /**
  * The Supervisor's public option and result shapes, apart from the class, so
- * that the modules it delegates to and the checks of each option share them.
+ * that the modules it delegates to and the checks of each option share them;
+ * and those checks: everything Supervisor.open() and stop() refuse is refused
+ * here, before anything is touched.
  */
-import type { CgroupOptions } from './process/cgroup.js';
+import { InvalidArgError } from './errors.js';
 import type { EventSink } from './events.js';
 import type { Instance } from './lifecycle/launch.js';
-import type { SweepOptions } from './process/sweep.js';
-import type { TerminateResult } from './process/terminate.js';
+import { type CgroupOptions, CgroupRoot } from './process/cgroup.js';
+import { type SweepOptions, validateSweep } from './process/sweep.js';
 import type { ExitStatus } from './types.js';
+import { assertDuration, assertFlag, assertKnownKeys } from './validate.js';
+
+export type { StopResult } from './process/terminate.js';
 
 export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
 
-export interface InstanceInfo {
+/** One row of Supervisor.list(): an instance as it stands when listed. */
+export interface InstanceSummary {
   id: string;
   status: InstanceStatus;
   pid: number | null;
@@ -23,6 +29,9 @@ export interface InstanceInfo {
   /** The instance's cgroup (absolute path), where it has one. */
   cgroup?: string | null;
 }
+
+/** @deprecated Renamed InstanceSummary (what list() returns); this alias goes in the next minor version. */
+export type InstanceInfo = InstanceSummary;
 
 export interface SupervisorOptions {
   /**
@@ -37,7 +46,14 @@ export interface SupervisorOptions {
   onEvent?: EventSink;
   /** Off Linux or without /proc ownership cannot be proven: adopt anyway (a warning each time) instead of quarantining. */
   allowUnprovable?: boolean;
-  /** Keep the event loop alive while supervised processes run. Default false: they are detached daemons. */
+  /**
+   * Hold the event loop while supervised processes run, as a ref'd timer or
+   * socket does. Default false: they are detached daemons, and the agent may
+   * end while they run. Awaiting an instance's `exited` holds the loop
+   * until it settles either way.
+   */
+  ref?: boolean;
+  /** @deprecated Renamed `ref`; this alias goes in the next minor version (giving both is ERR_CUSTODY_INVALID_ARG). */
   keepAlive?: boolean;
   /**
    * Become a child subreaper (PR_SET_CHILD_SUBREAPER, native backend): a
@@ -86,5 +102,67 @@ export interface StopOptions {
   signal?: AbortSignal;
 }
 
-/** How a stop ended: what terminate() says of the main process (the instance is stopped as a whole). */
-export type StopResult = TerminateResult;
+const SUPERVISOR_OPTION_KEYS: Record<keyof SupervisorOptions, true> = {
+  stateDir: true,
+  create: true,
+  onEvent: true,
+  allowUnprovable: true,
+  ref: true,
+  keepAlive: true,
+  subreaper: true,
+  sweep: true,
+  cgroup: true,
+};
+const SWEEP_KEYS: Record<keyof NonNullable<SupervisorOptions['sweep']>, true> = { intervalMs: true, patterns: true };
+const CGROUP_KEYS: Record<keyof CgroupOptions, true> = { root: true };
+const STOP_OPTION_KEYS: Record<keyof StopOptions, true> = {
+  tree: true,
+  graceMs: true,
+  graceful: true,
+  termGraceMs: true,
+  signal: true,
+};
+
+/** Supervisor.open()'s options, checked before the state dir (or a cgroup) is touched. */
+export function validateSupervisorOptions(options: SupervisorOptions): void {
+  if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
+  assertKnownKeys(options, SUPERVISOR_OPTION_KEYS, 'SupervisorOptions');
+  if (options.onEvent !== undefined && typeof options.onEvent !== 'function')
+    throw new InvalidArgError('onEvent must be a function');
+  for (const flag of ['create', 'allowUnprovable', 'ref', 'keepAlive', 'subreaper'] as const)
+    assertFlag(options[flag], flag);
+  if (options.ref !== undefined && options.keepAlive !== undefined)
+    throw new InvalidArgError('give ref or its deprecated alias keepAlive, not both');
+  if (options.cgroup !== undefined) {
+    if (options.cgroup && typeof options.cgroup === 'object')
+      assertKnownKeys(options.cgroup, CGROUP_KEYS, 'SupervisorOptions.cgroup');
+    CgroupRoot.validate(options.cgroup);
+  }
+  if (options.sweep !== undefined) {
+    const sw = options.sweep;
+    if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns))
+      throw new InvalidArgError('sweep must be { intervalMs, patterns }');
+    assertKnownKeys(sw, SWEEP_KEYS, 'SupervisorOptions.sweep');
+    assertDuration(sw.intervalMs, 'sweep.intervalMs');
+    if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
+    for (const p of sw.patterns) validateSweep(p);
+  }
+}
+
+/** Whether a supervisor's instances hold the event loop while they run (`ref`, or its old name). */
+export function holdsLoop(options: SupervisorOptions): boolean {
+  return (options.ref ?? options.keepAlive) === true;
+}
+
+/** stop()'s options, checked before anything is signalled. */
+export function validateStopOptions(options: StopOptions): void {
+  if (!options || typeof options !== 'object') throw new InvalidArgError('stop() options must be an object');
+  assertKnownKeys(options, STOP_OPTION_KEYS, 'StopOptions');
+  assertFlag(options.tree, 'tree');
+  if (options.graceMs !== undefined) assertDuration(options.graceMs, 'graceMs');
+  if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
+  if (options.graceful !== undefined && typeof options.graceful !== 'function')
+    throw new InvalidArgError('graceful must be a function');
+  if (options.signal !== undefined && !(options.signal instanceof AbortSignal))
+    throw new InvalidArgError('signal must be an AbortSignal');
+}

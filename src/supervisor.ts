@@ -16,6 +16,7 @@ import {
 } from './errors.js';
 import { emitter, type Emit } from './events.js';
 import { holdExit, type ProcessHandle, releaseExit, resolveExecutable } from './process/handle.js';
+import { awaitedExit } from './process/awaited.js';
 import { callHook } from './lifecycle/hooks.js';
 import { InstanceLogs, logLimits } from './state/logs.js';
 import {
@@ -35,7 +36,8 @@ import {
 import type { NotifyChannel } from './lifecycle/notify.js';
 import { openNotify } from './lifecycle/notify-launch.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
-import type { InstanceInfo, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
+import type { InstanceSummary, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
+import { holdsLoop, validateStopOptions, validateSupervisorOptions } from './options.js';
 import { removeDeclaredPaths } from './state/paths.js';
 import {
   assertEntryName,
@@ -190,21 +192,7 @@ export class Supervisor {
    * manifest in it before resolving: { supervisor, report }.
    */
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
-    if (!options || typeof options !== 'object') throw new InvalidArgError('Supervisor.open needs { stateDir }');
-    if (options.onEvent !== undefined && typeof options.onEvent !== 'function')
-      throw new InvalidArgError('onEvent must be a function');
-    // Checked before the state dir is touched: a bad root leaves nothing behind.
-    if (options.cgroup !== undefined) CgroupRoot.validate(options.cgroup);
-    if (options.sweep !== undefined) {
-      const sw = options.sweep;
-      if (!sw || typeof sw !== 'object' || !Array.isArray(sw.patterns))
-        throw new InvalidArgError('sweep must be { intervalMs, patterns }');
-      assertDuration(sw.intervalMs, 'sweep.intervalMs');
-      if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
-      for (const p of sw.patterns) validateSweep(p);
-    }
-    if (options.create !== undefined && typeof options.create !== 'boolean')
-      throw new InvalidArgError('create must be a boolean');
+    validateSupervisorOptions(options);
     // A /proc of another pid namespace would make every proof below about other processes.
     if (backend.capabilities().proc) backend.assertOwnProc();
     const emit = emitter(options.onEvent);
@@ -324,7 +312,7 @@ export class Supervisor {
       pid: handle.pid,
       token: manifest.token,
       identity,
-      exited: handle.exited,
+      exited: awaitedExit(handle),
       cgroup: cgroup?.path ?? null,
     };
     const running: Running = {
@@ -336,9 +324,9 @@ export class Supervisor {
       paths: manifest.paths.length ? manifest.paths : NO_PATHS,
     };
     this.#table.set(manifest.id, running);
-    if (!this.#options.keepAlive) handle.unref();
+    if (!holdsLoop(this.#options)) handle.unref();
     // Bound rather than a closure: one small object per instance, no context.
-    void instance.exited.then(this.#onExit.bind(this, instance));
+    void handle.exited.then(this.#onExit.bind(this, instance));
     this.#holdExitOf(running);
     void this.#logs.watch(manifest.id, manifest.logs);
     return instance;
@@ -763,16 +751,13 @@ export class Supervisor {
   async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
     this.#assertOpen();
     assertId(id);
+    validateStopOptions(options);
     const t = this.#table.get(id);
     if (!t || t.status === 'starting') throw notFound(id, t?.status);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
     if (t.status === 'stopping') return t.done;
     const graceMs = options.graceMs ?? 30_000;
-    assertDuration(graceMs, 'graceMs');
-    if (options.termGraceMs !== undefined) assertDuration(options.termGraceMs, 'termGraceMs');
-    if (options.graceful !== undefined && typeof options.graceful !== 'function')
-      throw new InvalidArgError('graceful must be a function');
     if (t.cgroup && options.tree === false) {
       throw new InvalidArgError(
         `${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`,
@@ -1044,7 +1029,7 @@ export class Supervisor {
   }
 
   /** Every instance with its status; a quarantined one never hides the others. */
-  list(): InstanceInfo[] {
+  list(): InstanceSummary[] {
     return [...this.#table].map(([id, t]) => info(id, t));
   }
 
@@ -1211,15 +1196,15 @@ export class Supervisor {
 }
 
 /** What list() says of one record. */
-function info(id: string, t: Tracked): InstanceInfo {
+function info(id: string, t: Tracked): InstanceSummary {
   const status = shownStatus(t);
   if (t.status === 'quarantined') {
-    const out: InstanceInfo = { id, status, pid: t.manifest?.identity?.pid ?? null, ppid: null, reason: t.reason };
+    const out: InstanceSummary = { id, status, pid: t.manifest?.identity?.pid ?? null, ppid: null, reason: t.reason };
     if (t.field !== undefined) out.field = t.field;
     return out;
   }
   if (t.status === 'deferred') {
-    const out: InstanceInfo = { id, status, pid: null, ppid: null };
+    const out: InstanceSummary = { id, status, pid: null, ppid: null };
     const reason = (t.error as NodeJS.ErrnoException).code;
     if (reason !== undefined) out.reason = reason;
     return out;
@@ -1230,7 +1215,7 @@ function info(id: string, t: Tracked): InstanceInfo {
   // identity.ppid is the parent at launch; a daemon's changes when its launcher exits.
   const ppid =
     p.status === 'running' && !handle.hasExited ? liveParent(handle.pid, instance.identity.startTicks) : null;
-  const out: InstanceInfo = { id, status, pid: handle.pid, ppid };
+  const out: InstanceSummary = { id, status, pid: handle.pid, ppid };
   if (p.status === 'exited') out.exit = p.exit;
   if (p.cgroup) out.cgroup = p.cgroup.path;
   return out;

@@ -30,10 +30,65 @@ export function assertSignallable(pid: number): void {
   if (pid === process.pid) throw new InvalidArgError(`refusing to signal this process itself (pid ${pid})`);
 }
 
+/**
+ * Node clamps a timer past 2^31 - 1 ms to 1 ms: a longer wait would end at
+ * once instead of never, so it is refused, as a fraction, NaN or a negative is.
+ */
+export const MAX_MS = 2 ** 31 - 1;
+
+/** Every `*Ms` option: an integer number of milliseconds from 0 to MAX_MS. */
 export function assertDuration(value: unknown, what: string): asserts value is number {
-  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
-    throw new InvalidArgError(`${what} must be a finite number of milliseconds >= 0, got ${describe(value)}`);
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_MS) {
+    throw new InvalidArgError(
+      `${what} must be an integer number of milliseconds from 0 to ${MAX_MS}, got ${describe(value)}`,
+    );
   }
+}
+
+/**
+ * An options object holds only the keys custody knows: a misspelt one
+ * (`readyTimeout`) would otherwise be a silent no-op in plain JavaScript.
+ * `known` is a record so that the compiler keeps it in step with the type.
+ */
+export function assertKnownKeys<T extends object>(
+  value: T,
+  known: Readonly<Record<keyof T, true>>,
+  what: string,
+): void {
+  for (const key of Object.keys(value)) {
+    if (Object.hasOwn(known, key)) continue;
+    const near = closest(key, Object.keys(known));
+    throw new InvalidArgError(`${what} has no option \`${key}\`${near ? ` (did you mean \`${near}\`?)` : ''}`);
+  }
+}
+
+/** The known name a typo most likely meant: the nearest by edit distance, ignoring case, if near enough. */
+function closest(key: string, names: string[]): string | undefined {
+  const lower = key.toLowerCase();
+  let best: string | undefined;
+  let bestDistance = Number.POSITIVE_INFINITY;
+  for (const name of names) {
+    const d = editDistance(lower, name.toLowerCase());
+    if (d < bestDistance) [best, bestDistance] = [name, d];
+  }
+  // Two edits cover a dropped unit (`grace` for `graceMs`) and most slips; a short key gets one, lest any
+  // three letters be taken for `cwd` or `uid`.
+  const allowed = key.length <= 4 ? 1 : key.length < 12 ? 2 : 3;
+  return bestDistance <= allowed ? best : undefined;
+}
+
+/** Levenshtein distance, one row at a time (option names are short). */
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) {
+      const substitute = (row[j - 1] ?? 0) + (a[i - 1] === b[j - 1] ? 0 : 1);
+      next.push(Math.min(substitute, (row[j] ?? 0) + 1, (next[j - 1] ?? 0) + 1));
+    }
+    row = next;
+  }
+  return row[b.length] ?? 0;
 }
 
 export function assertStringArray(value: unknown, what: string): asserts value is string[] {

@@ -1,7 +1,13 @@
-/** src/errors.ts errnoError(): errors the JS side raises look like Node's own system errors. */
+/**
+ * src/errors.ts errnoError(): errors the JS side raises look like Node's own
+ * system errors. The package exports every error class, and none of the
+ * helpers that make them.
+ */
 import { constants } from 'node:os';
 import { describe, expect, it } from 'vitest';
+import * as errors from '../src/errors.js';
 import { errnoError, isErrnoCode } from '../src/errors.js';
+import * as custody from '../src/index.js';
 
 describe('errnoError', () => {
   it.each([
@@ -22,5 +28,15 @@ describe('errnoError', () => {
     expect(isErrnoCode('ERR_CUSTODY_BUSY')).toBe(false);
     expect(isErrnoCode('toString')).toBe(false);
     expect(isErrnoCode(undefined)).toBe(false);
+  });
+});
+
+describe('the package exports', () => {
+  it('every error class, and not errnoError or isErrnoCode', () => {
+    const classes = Object.entries(errors).filter(([, v]) => typeof v === 'function' && v.prototype instanceof Error);
+    expect(classes.length).toBeGreaterThan(20);
+    for (const [name, cls] of classes) expect(custody, name).toHaveProperty(name, cls);
+    expect(Object.keys(custody)).not.toContain('errnoError');
+    expect(Object.keys(custody)).not.toContain('isErrnoCode');
   });
 });

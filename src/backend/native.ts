@@ -152,8 +152,8 @@ const MATCH_SHARDS = 2;
 /** How long to wait, after a non-child's pidfd turns readable, for its parent to reap it so the kernel has its status. */
 const EXIT_INFO_WAIT_MS = 1000;
 
-/** The longest a held zombie (holdZombie) waits for releaseZombie() before it is reaped anyway. */
-const HOLD_ZOMBIE_MAX_MS = 2000;
+/** The longest a held zombie (holdExit) waits for releaseExit() before it is reaped anyway. */
+const HOLD_EXIT_MAX_MS = 2000;
 
 /** The status a waitid() siginfo describes (si_code, si_status): its code for a normal exit, else the signal. */
 function fromSiginfo(code: number, status: number): ExitStatus {
@@ -180,7 +180,7 @@ export class NativePidRef implements PidRef, ExitListener {
   #resolveExited: ((s: ExitStatus) => void) | undefined;
   #gone: Promise<void> | undefined;
   #resolveGone: (() => void) | undefined;
-  /** holdZombie(): the watch does not reap; a seen exit is told to #onHeld and waits for releaseZombie() or #holdTimer. */
+  /** holdExit(): the watch does not reap; a seen exit is told to #onHeld and waits for releaseExit() or #holdTimer. */
   #holding = false;
   #onHeld: (() => void) | undefined;
   #holdTimer: NodeJS.Timeout | undefined;
@@ -246,7 +246,7 @@ export class NativePidRef implements PidRef, ExitListener {
     if (this.#watcher) this.#ctx.watches.ref(this.#watcher, false);
   }
 
-  holdZombie(onHeld?: () => void): boolean {
+  holdExit(onHeld?: () => void): boolean {
     // Only a child of ours can be kept a zombie: another's parent reaps it whenever it likes.
     if (this.#origin === 'other' || this.#holding || this.#seen || this.#status || this.#fd < 0) return false;
     this.#holding = true;
@@ -255,7 +255,7 @@ export class NativePidRef implements PidRef, ExitListener {
     return true;
   }
 
-  releaseZombie(): void {
+  releaseExit(): void {
     if (!this.#holding) return;
     this.#holding = false;
     this.#onHeld = undefined;
@@ -279,7 +279,7 @@ export class NativePidRef implements PidRef, ExitListener {
     else this.#watcher = this.#ctx.watches.watch(this.#fd, true, this);
   }
 
-  zombieHeld(): boolean {
+  exitHeld(): boolean {
     return this.#holding && this.#status === undefined;
   }
 
@@ -294,7 +294,7 @@ export class NativePidRef implements PidRef, ExitListener {
     if (this.#closed) return;
     this.#closed = true;
     // A held zombie is reaped now (or, not seen yet, as usual when it comes): nobody is left to release it.
-    this.releaseZombie();
+    this.releaseExit();
     if (this.#origin === 'spawned' && !this.#status) {
       // Keep watching, without holding the loop open, until it can be reaped.
       this.unref();
@@ -337,7 +337,7 @@ export class NativePidRef implements PidRef, ExitListener {
     this.#resolveGone = undefined;
     if (this.#holding) {
       // Unref'd: a held zombie never keeps the loop alive; released (reaped) within the bound whatever happens.
-      this.#holdTimer = setTimeout(() => this.releaseZombie(), HOLD_ZOMBIE_MAX_MS).unref();
+      this.#holdTimer = setTimeout(() => this.releaseExit(), HOLD_EXIT_MAX_MS).unref();
       this.#onHeld?.();
       return;
     }

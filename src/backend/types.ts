@@ -77,15 +77,15 @@ export interface PidRef {
   close(): void;
   /**
    * From now on, once the exit is seen (`gone`), keep the zombie of this child of ours instead of reaping it,
-   * until releaseZombie() (or a bound), and call `onHeld` then: while it is unreaped, its pid (and so the
+   * until releaseExit() (or a bound), and call `onHeld` then: while it is unreaped, its pid (and so the
    * session it leads) can be no one else's. false where that cannot be (the js backend: libuv reaps; not our
    * child; already gone).
    */
-  holdZombie?(onHeld?: () => void): boolean;
-  /** Ends holdZombie(): reaps the zombie now if the exit was seen, else reaps as usual when it comes. */
-  releaseZombie?(): void;
-  /** Whether holdZombie() holds now: the process, alive or a zombie, has not been reaped, so its pid is taken. */
-  zombieHeld?(): boolean;
+  holdExit?(onHeld?: () => void): boolean;
+  /** Ends holdExit(): reaps the zombie now if the exit was seen, else reaps as usual when it comes. */
+  releaseExit?(): void;
+  /** Whether holdExit() holds now: the process, alive or a zombie, has not been reaped, so its pid is taken. */
+  exitHeld?(): boolean;
 }
 
 export type StdioTarget = 'ignore' | 'inherit' | 'pipe' | { fd: number };

@@ -6,11 +6,67 @@ import { InvalidArgError, UnsupportedError } from '../errors.js';
 import { backend } from '../backend/index.js';
 import { assertLogOptions } from '../state/logs.js';
 import { assertId } from '../state/store.js';
-import { assertCwd, assertDuration, assertEnv, assertFlag, assertString, assertStringArray } from '../validate.js';
-import type { LaunchSpec } from './launch.js';
+import type { CgroupLimits } from '../process/cgroup.js';
+import type { LogOptions } from '../state/logs.js';
+import {
+  assertCwd,
+  assertDuration,
+  assertEnv,
+  assertFlag,
+  assertKnownKeys,
+  assertString,
+  assertStringArray,
+} from '../validate.js';
+import type { LaunchSpec, SocketReady } from './launch.js';
+
+const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
+  id: true,
+  command: true,
+  args: true,
+  expect: true,
+  token: true,
+  executable: true,
+  ready: true,
+  pid: true,
+  launcherExits: true,
+  paths: true,
+  confirmTimeoutMs: true,
+  attempts: true,
+  env: true,
+  cwd: true,
+  stdout: true,
+  stderr: true,
+  logs: true,
+  uid: true,
+  detached: true,
+  processGroup: true,
+  abandonGraceMs: true,
+  readyTimeoutMs: true,
+  limits: true,
+  signal: true,
+};
+const SOCKET_READY_KEYS: Record<keyof SocketReady, true> = { socket: true, timeoutMs: true, probe: true };
+const PIDFILE_KEYS: Record<'file', true> = { file: true };
+const LOG_KEYS: Record<keyof LogOptions, true> = { maxBytes: true, keep: true };
+const LIMIT_KEYS: Record<keyof CgroupLimits, true> = { memoryMax: true, pidsMax: true, cpuMax: true };
+const CPU_MAX_KEYS: Record<keyof NonNullable<CgroupLimits['cpuMax']>, true> = { quotaUsec: true, periodUsec: true };
+
+/** The nested objects a spec may hold, checked for unknown keys like the spec itself. */
+function assertKnownSpecKeys(spec: LaunchSpec): void {
+  assertKnownKeys(spec, LAUNCH_SPEC_KEYS, 'LaunchSpec');
+  const isObject = (v: unknown): v is object => !!v && typeof v === 'object';
+  if (isObject(spec.ready)) assertKnownKeys(spec.ready, SOCKET_READY_KEYS, 'LaunchSpec.ready');
+  if (isObject(spec.pid)) assertKnownKeys(spec.pid, PIDFILE_KEYS, 'LaunchSpec.pid');
+  if (isObject(spec.logs)) assertKnownKeys(spec.logs, LOG_KEYS, 'LaunchSpec.logs');
+  if (isObject(spec.limits)) {
+    assertKnownKeys(spec.limits, LIMIT_KEYS, 'LaunchSpec.limits');
+    if (isObject(spec.limits.cpuMax)) assertKnownKeys(spec.limits.cpuMax, CPU_MAX_KEYS, 'LaunchSpec.limits.cpuMax');
+  }
+}
 
 export function validateSpec(spec: LaunchSpec): void {
   if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');
+  assertKnownSpecKeys(spec);
   assertId(spec.id);
   if (typeof spec.command !== 'string' || spec.command === '' || spec.command.includes('\0')) {
     throw new InvalidArgError('command must be a non-empty string without NUL bytes');

@@ -62,6 +62,8 @@ export interface SpawnOptions {
   /** A new session (setsid): for long-lived processes that must not share our terminal or process group. */
   detached?: boolean;
   /** A new process group (setpgid), so the group can be signalled as one. Implied by detached; on the js backend it also means a new session (child_process has no setpgid alone). */
+  processGroup?: boolean;
+  /** @deprecated Renamed `processGroup`, as LaunchSpec calls it; this alias goes in the next minor version (giving both is ERR_CUSTODY_INVALID_ARG). */
   newGroup?: boolean;
   /** argv[0] as the program sees it; the command by default. */
   argv0?: string;
@@ -188,7 +190,10 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
   assertCwd(options.cwd);
   if (options.env !== undefined) assertEnv(options.env);
   assertFlag(options.detached, 'detached');
+  assertFlag(options.processGroup, 'processGroup');
   assertFlag(options.newGroup, 'newGroup');
+  if (options.processGroup !== undefined && options.newGroup !== undefined)
+    throw new InvalidArgError('give processGroup or its deprecated alias newGroup, not both');
   if (options.argv0 !== undefined) {
     // An empty argv[0] is the kernel's to allow; not a string, or a NUL, is nothing execve can carry.
     if (typeof options.argv0 !== 'string') throw new InvalidArgError('argv0 must be a string');
@@ -228,7 +233,7 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
         cwd: options.cwd,
         stdio,
         newSession: options.detached === true,
-        newGroup: options.newGroup === true,
+        newGroup: (options.processGroup ?? options.newGroup) === true,
         cgroup: options.cgroup ?? null,
       });
     } catch (err) {

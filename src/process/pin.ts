@@ -117,17 +117,17 @@ export class ProcessHandle {
  * session it leads, can be no one else's. false where the backend cannot (js: libuv reaps) or it is not our child.
  */
 export function holdExit(h: ProcessHandle, onHeld?: () => void): boolean {
-  return refOf(h).holdZombie?.(onHeld) ?? false;
+  return refOf(h).holdExit?.(onHeld) ?? false;
 }
 
 /** @internal Ends holdExit(): the zombie is reaped now, or as usual when the exit comes. */
 export function releaseExit(h: ProcessHandle): void {
-  refOf(h).releaseZombie?.();
+  refOf(h).releaseExit?.();
 }
 
 /** @internal Whether holdExit() holds now: the process, alive or a zombie, is unreaped, so its pid is no one else's. */
 export function exitHeld(h: ProcessHandle): boolean {
-  return refOf(h).zombieHeld?.() ?? false;
+  return refOf(h).exitHeld?.() ?? false;
 }
 export interface PinOptions {
   /**

@@ -33,7 +33,8 @@ export interface TerminateOptions {
   onEscalate?: (info: { pid: number; graceMs: number }) => void;
 }
 
-export interface TerminateResult {
+/** How a process, or an instance (Supervisor.stop()), was ended: what is known of its main process. */
+export interface StopResult {
   outcome: 'exited' | 'already-gone';
   /** killSignal had to be sent. */
   escalated: boolean;
@@ -41,15 +42,14 @@ export interface TerminateResult {
   signal: NodeJS.Signals | null;
 }
 
+/** @deprecated Renamed StopResult, which stop() returns too; this alias goes in the next minor version. */
+export type TerminateResult = StopResult;
+
 /**
  * The result of ending a process by some means other than terminate() (a tree, a cgroup): 'exited' when it
  * was alive before, with the status it ended with (waited for at most 50 ms, else unknown).
  */
-export async function endedResult(
-  handle: ProcessHandle,
-  wasAlive: boolean,
-  escalated: boolean,
-): Promise<TerminateResult> {
+export async function endedResult(handle: ProcessHandle, wasAlive: boolean, escalated: boolean): Promise<StopResult> {
   const status = await exitStatusWithin(handle, 50);
   return { outcome: wasAlive ? 'exited' : 'already-gone', escalated, code: status.code, signal: status.signal };
 }
@@ -70,13 +70,13 @@ export function terminateParams(handle: unknown, options: TerminateOptions, what
   return params;
 }
 
-export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<TerminateResult> {
+export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<StopResult> {
   const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(handle, options, 'terminate');
   const abort = options.signal;
   if (abort?.aborted) throw new AbortError(abort.reason);
 
   // Decisions wait for the exit to be seen (`gone`), never for its status.
-  const done = (outcome: TerminateResult['outcome'], escalated: boolean): TerminateResult => {
+  const done = (outcome: StopResult['outcome'], escalated: boolean): StopResult => {
     const status = handle.exitStatus ?? UNKNOWN_EXIT;
     return { outcome, escalated, code: status.code, signal: status.signal };
   };

@@ -20,7 +20,7 @@ import { isMember, protectedPid, type Members } from './ownership.js';
 import { pin } from './pin.js';
 import { signalNumber } from './signals.js';
 import { backoff, sleep, TIMED_OUT, within } from '../timing.js';
-import { endedResult, terminateParams, type TerminateOptions, type TerminateResult } from './terminate.js';
+import { endedResult, terminateParams, type StopResult, type TerminateOptions } from './terminate.js';
 import { assertPid } from '../validate.js';
 
 /** The least a session scan is waited for (a busy table's scan takes tens of ms): a stop may run this much over its bounds per full scan. */
@@ -388,7 +388,7 @@ export async function terminateMembers(
 
 export interface TreeTerminateOptions extends TerminateOptions, MembersOptions {}
 
-export interface TreeTerminateResult extends TerminateResult {
+export interface TreeTerminateResult extends StopResult {
   /** Every member of the tree, the root first. */
   members: number[];
 }

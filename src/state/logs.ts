@@ -38,6 +38,7 @@ import { StringDecoder } from 'node:string_decoder';
 import { promisify } from 'node:util';
 import { BadLogError, InvalidArgError } from '../errors.js';
 import { fileKind, openRegular } from './files.js';
+import { assertDuration } from '../validate.js';
 import { LOGS } from './statedir.js';
 import { assertId } from './store.js';
 import { loopSlices, sleep } from '../timing.js';
@@ -215,6 +216,7 @@ export async function* followLog(
   options: { lines?: number; signal?: AbortSignal; pollMs?: number } = {},
 ): AsyncGenerator<string, void, undefined> {
   const pollMs = options.pollMs ?? 250;
+  assertDuration(pollMs, 'pollMs');
   const signal = options.signal;
   const lines = options.lines ?? 10;
   let { fd, size } = openRead(path);

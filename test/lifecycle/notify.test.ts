@@ -6,7 +6,13 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import { capabilities, Supervisor, type CustodyEvent } from '../../src/index.js';
+import {
+  capabilities,
+  Supervisor,
+  type CustodyEvent,
+  type CustodyEventOf,
+  type CustodyEventType,
+} from '../../src/index.js';
 import { parseNotification } from '../../src/lifecycle/notify.js';
 import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
 import {
@@ -34,7 +40,8 @@ afterEach(async () => {
   await ctx?.dispose();
 });
 
-const of = (events: CustodyEvent[], id: string, type: string) => events.filter((e) => e.id === id && e.type === type);
+const of = <T extends CustodyEventType>(events: CustodyEvent[], id: string, type: T) =>
+  events.filter((e): e is CustodyEventOf<T> => e.id === id && e.type === type);
 
 /** NOTIFY_SOCKET as the daemon got it, read from its environment. */
 function notifySocketOf(pid: number): string {

@@ -140,7 +140,7 @@ describe(`spawn (${backend.name})`, () => {
   });
 
   it('puts the child in a new process group when asked, and can hand it our stdio', async () => {
-    const g = spawn('sleep', ['30'], { newGroup: true, stdio: 'inherit' });
+    const g = spawn('sleep', ['30'], { processGroup: true, stdio: 'inherit' });
     try {
       await waitFor(() => procStat(g.pid)?.[0] === 'S', 5000, 'sleep');
       const st = procStat(g.pid)!;

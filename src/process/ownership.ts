@@ -195,6 +195,11 @@ export function tokenMarks(claim: Claim, live: ProcessIdentity, environ?: Enviro
 
 /** The argv's part of the marks: the token inside any element (argv mode), every expected element exactly. */
 function argvMarks(claim: Claim, live: ProcessIdentity): Rejection | null {
+  // No argv: inspected inside an execve (its new exe shown, its argv and environment not laid out yet) or in
+  // its exit. It carries no token, in either mode: an environment read after the inspection may be the
+  // exec's, laid out since, and would prove an identity that has no argv (the one recorded, then refused
+  // as a mismatch at recovery). Whoever asks again once the exec is done gets the argv with the token.
+  if (live.argv.length === 0) return 'token';
   if (claim.tokenMode !== 'env' && !live.argv.some((a) => a.includes(claim.token))) return 'token';
   if (!claim.expect.every((e) => live.argv.includes(e))) return 'expect';
   return null;

@@ -98,10 +98,13 @@ describe(`token: 'env' (${backend.name})`, () => {
     writeFileSync(join(ctx.stateDir, 'b', 'manifest.json'), JSON.stringify({ ...mb, token: 'f'.repeat(32) }), {
       mode: 0o600,
     });
-    const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+    const events: unknown[] = [];
+    const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: (e) => events.push(e) });
     try {
-      expect(report.adopted).toEqual([{ id: 'a', pid: a.pid }]);
-      expect(report.quarantined).toEqual([{ id: 'b', pid: b.pid, reason: 'mismatch', field: 'token' }]);
+      // On a mismatch, the whole report and what recovery said of each manifest.
+      const why = JSON.stringify({ report, events });
+      expect(report.adopted, why).toEqual([{ id: 'a', pid: a.pid }]);
+      expect(report.quarantined, why).toEqual([{ id: 'b', pid: b.pid, reason: 'mismatch', field: 'token' }]);
       await supervisor.stop('a', { graceMs: 2000 });
       expect(isGone(a.pid)).toBe(true);
       expect(isGone(b.pid)).toBe(false);
@@ -111,6 +114,42 @@ describe(`token: 'env' (${backend.name})`, () => {
     }
     process.kill(b.pid, 'SIGKILL');
     await waitFor(() => isGone(b.pid), 5000, 'b to die');
+  });
+
+  it('an inspection that shows no argv (inside an execve) is not proven by the environment read after it: confirm waits for the argv, and a reopened supervisor adopts what it recorded', async () => {
+    ctx = await openSupervisor();
+    // Our own child, named by its pidfile once its argv reads empty, as /proc shows a process inside its
+    // execve between the switch to its new memory and the layout of its argv (then it shows the program's
+    // exe, and, a moment later, an environment with the token), for half a second instead of microseconds.
+    const fixture = join(FIXTURES, 'empty-argv.py');
+    const pidfile = join(ctx.root, 'late.pid');
+    const args = [fixture, '30', MARKER, pidfile, '0.5'];
+    const inst = await ctx.supervisor.launch({
+      id: 'late',
+      command: PYTHON,
+      args,
+      token: 'env',
+      pid: { file: pidfile },
+      launcherExits: false,
+      confirmTimeoutMs: 10_000,
+    });
+    expect(inst.pid).toBe(Number(readFileSync(pidfile, 'utf8')));
+    // Recorded from an inspection that shows the argv, not from the one inside the exec.
+    expect(inst.identity.argv).toEqual([PYTHON, ...args]);
+    await ctx.supervisor.close();
+    const { supervisor, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+    try {
+      // Verified as recorded: not repaired (an argv that "changed" from none) nor quarantined.
+      expect(report, JSON.stringify(report)).toMatchObject({
+        adopted: [{ id: 'late', pid: inst.pid }],
+        repaired: [],
+        quarantined: [],
+      });
+      await supervisor.stop('late', { graceMs: 2000 });
+      expect(isGone(inst.pid)).toBe(true);
+    } finally {
+      await supervisor.close();
+    }
   });
 
   it('in an instance cgroup too: confirmed by its environment, stopped with its cgroup', async (t) => {

@@ -11,7 +11,7 @@ import type { JsBackend } from '../../src/backend/js.js';
 import { parseStat } from '../../src/process/proc.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { descendantsOf } from '../helpers/leaks.js';
-import { exited, killAndWait, MARKER, procStat, waitFor } from '../helpers/procs.js';
+import { exited, MARKER, procStat, waitFor } from '../helpers/procs.js';
 import { PYTHON } from '../helpers/supervisor.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
@@ -23,7 +23,6 @@ async function python(prog: string) {
   cleanups.push(async () => {
     child.stdin!.end();
     await exited(child);
-    await killAndWait(child);
   });
   let line = '';
   child.stdout!.on('data', (d: Buffer) => (line += d));

@@ -16,6 +16,7 @@ import { cgroupName } from '../src/process/cgroup.js';
 import type { SupervisorOptions } from '../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from './helpers/cgroup.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
+import { counterWitness } from './helpers/quiet.js';
 import {
   isGone,
   killAndWait,
@@ -123,8 +124,14 @@ describe(`instance cgroups (${backend.name})`, () => {
     await waitFor(() => count() > 2, 5000, 'counting');
     await supervisor.freeze('fz');
     expect(readFileSync(join(inst.cgroup!, 'cgroup.events'), 'utf8')).toContain('frozen 1');
+    const witness = await counterWitness(join(ctx!.root, 'witness'));
     const at = count();
-    await new Promise((r) => setTimeout(r, 200));
+    try {
+      // Ten of the witness's counts outside the cgroup: an unfrozen counter would have counted too.
+      await witness.advance(10);
+    } finally {
+      await witness.stop();
+    }
     expect(count()).toBe(at);
     await supervisor.thaw('fz');
     await waitFor(() => count() > at, 5000, 'counting again');

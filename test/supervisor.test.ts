@@ -312,9 +312,9 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     process.kill(inst.pid, 'SIGKILL');
     const st = await inst.exited;
     if (backend.name === 'native') expect(st).toEqual({ code: null, signal: 'SIGKILL' });
-    await new Promise((r) => setTimeout(r, 20));
+    const stateOf = join(ctx.stateDir, 'self');
+    await waitFor(() => !existsSync(stateOf), 5000, "the exited instance's state to go");
     expect(ctx.supervisor.list()).toMatchObject([{ id: 'self', status: 'exited' }]);
-    expect(existsSync(join(ctx.stateDir, 'self'))).toBe(false);
     expect(existsSync(socket)).toBe(false);
     expect(await ctx.supervisor.stop('self')).toMatchObject({ outcome: 'already-gone' });
   });
@@ -495,7 +495,8 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
       args: (t) => vmArgs(socket, t, ['--socket-delay', '0.3']),
       ready: { socket },
     });
-    await new Promise((r) => setTimeout(r, 100));
+    // In flight: its process runs (the marker is in its argv) and its socket is not there yet.
+    await waitFor(() => processesWithMarker(MARKER).length > 0, 5000, 'the launch to spawn');
     await ctx.supervisor.close();
     await expect(launching).rejects.toMatchObject({ code: 'ERR_CUSTODY_CLOSED' });
     expect(processesWithMarker(MARKER)).toEqual([]);

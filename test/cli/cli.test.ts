@@ -14,15 +14,15 @@ import {
 } from 'node:fs';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, logPaths, spawn, Supervisor } from '../../src/index.js';
-import { expectNoLeaks } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { endOwn, isGone, loggedSignals, MARKER, tmpDir, unusedPid, waitFor } from '../helpers/procs.js';
 import { fill01, identityVars, write01 } from '../helpers/state.js';
 import { PERL, PYTHON, vmArgs } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli', 'main.js');
 const VERSION = JSON.parse(readFileSync(join(import.meta.dirname, '..', '..', 'package.json'), 'utf8'))
@@ -91,11 +91,6 @@ function failure(run: Run | undefined, code: string): string {
   expect(r.stderr.endsWith(` [${code}]\n`), r.stderr).toBe(true);
   return r.stderr;
 }
-
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
 
 function scratch(): string {
   const d = tmpDir('custody-cli-');

@@ -8,7 +8,7 @@ import { backend } from '../../src/backend/index.js';
 import { parsePidfile, readPidfile, PIDFILE_MAX_BYTES } from '../../src/lifecycle/pidfile.js';
 import { pidMax } from '../../src/validate.js';
 import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
-import { isGone, MARKER, tmpDir } from '../helpers/procs.js';
+import { isGone, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -171,8 +171,9 @@ describe(`launch with a hostile pidfile (${backend.name})`, () => {
         confirmTimeoutMs: 5000,
       }),
     ).rejects.toMatchObject(refused);
-    await new Promise((r) => setTimeout(r, 800));
-    expect(processesWithMarker(MARKER)).toEqual([]);
+    // The backgrounded subshell carries the marker in its argv from its fork on, before and after its exec:
+    // gone from the table means ended, and an ended process does not come back.
+    await waitFor(() => processesWithMarker(MARKER).length === 0, 5000, "the attempt's subshell to end");
   });
 
   it('2^32 + the pid of a live process never pins that process', async () => {

@@ -8,7 +8,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { cgroup2Mounts, hierarchyPath, mountOf, parseMountinfo } from '../../src/backend/cgroupv2.js';
 import { parseCgroupV2Line } from '../../src/backend/procview.js';
@@ -17,11 +17,13 @@ import { capabilities, spawn, Supervisor } from '../../src/index.js';
 import { terminateCgroup } from '../../src/process/tree.js';
 import { packageRoot } from '../../src/backend/addon.js';
 import { CGROUP_MOUNT, CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft, nodeOf, procsOf } from '../helpers/cgroup.js';
-import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { processesWithMarker } from '../helpers/leaks.js';
+import { counterWitness } from '../helpers/quiet.js';
 import { MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
+const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
 
 const HYBRID = `31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -36,11 +38,6 @@ const CONTAINER = `700 650 0:30 /kubepods/pod1 /sys/fs/cgroup ro,nosuid - cgroup
 701 650 0:30 /user.slice /mnt/my\\040cgroups rw - cgroup2 cgroup rw
 malformed line
 `;
-
-const cleanups: Array<() => void | Promise<void>> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
 
 /** A CgroupRoot at this worker's root for a state dir of its own; both go after the test. */
 function openRoot() {
@@ -235,8 +232,11 @@ describe(`cgroup roots and placement (${backend.name})`, () => {
     await waitFor(() => count() > 2, 10_000, 'counting');
     await cg.freeze();
     expect(cg.frozen()).toBe(true);
+    const witness = await counterWitness(join(dir.path, 'witness'));
+    cleanups.push(witness.stop);
     const at = count();
-    await new Promise((r) => setTimeout(r, 300));
+    // Ten of the witness's counts outside the cgroup: an unfrozen counter would have counted too.
+    await witness.advance(10);
     expect(count()).toBe(at);
     await cg.thaw();
     expect(cg.frozen()).toBe(false);

@@ -4,7 +4,7 @@ import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { descendants, spawn, sweep, terminateTree, type CustodyEvent } from '../../src/index.js';
-import { expectNoLeaks } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
 import {
   exited,
   isGone,
@@ -19,13 +19,11 @@ import {
 } from '../helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 const children: ChildProcess[] = [];
-const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {
   for (const c of children.splice(0)) await killAndWait(c);
-  while (cleanups.length) await cleanups.pop()!();
 });
 
 /** A signal-logging orphan-to-be with argv [PYTHON, -c, LOGGER, log, ignoreTerm, ...tail]. */

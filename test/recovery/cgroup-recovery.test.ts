@@ -14,18 +14,17 @@ import { packageRoot } from '../../src/backend/addon.js';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, procsOf } from '../helpers/cgroup.js';
-import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { processesWithMarker } from '../helpers/leaks.js';
 import { isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { GATED_PERL_LAUNCH, PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
-expectNoCgroupsLeft();
-
-const cleanups: Array<() => unknown> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
+// Registered before the cleanups, so it runs after them: each test's undo removes what it made.
+afterEach(() => {
   expect(cgroupsBelow(CGROUP_ROOT)).toEqual([]);
 });
+const cleanups = cleanupAfterEach({ marker: MARKER });
+expectNoCgroupsLeft();
 
 const ESCAPER = `use POSIX (); my $p = fork; if (!$p) { POSIX::setsid(); exec($^X, '-e', 'sleep 60', '--', 'escapee', $ARGV[1]) if !fork; POSIX::_exit(0) } waitpid($p, 0); sleep 60`;
 const escapee = () => processesWithMarker(MARKER).find((p) => p.cmd.includes(' escapee ') && p.state !== 'Z');

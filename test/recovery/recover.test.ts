@@ -2,20 +2,16 @@ import { type ChildProcess, spawn as cpSpawn, execFileSync } from 'node:child_pr
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
 import { STARTING_CONFIRM_MS } from '../../src/recovery/decide.js';
-import { expectNoLeaks } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { signalsBeforeProbes } from '../helpers/quiet.js';
 import { endOwn, hasUnshare, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { PERL, PYTHON, recoverInNamespace, vmArgs } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
-
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 /** A state dir with one supervisor that launched `count` fake VMs and then closed (as an agent that restarts). */
 async function launchedThenClosed(ids: string[], extraArgs: string[] = []) {
@@ -108,8 +104,7 @@ describe(`recovery (${backend.name})`, () => {
     const { report, supervisor } = await s.reopen();
     expect(report.cleaned).toEqual([{ id: 'a', pid: s.pids.a!, reason: 'rebooted' }]);
     expect(supervisor.list()).toEqual([]);
-    await new Promise((r) => setTimeout(r, 100));
-    expect(loggedSignals(s.log)).toEqual([]);
+    expect(await signalsBeforeProbes(s.pids.a!, s.log)).toEqual([]);
     expect(isGone(s.pids.a!)).toBe(false);
   });
 
@@ -310,9 +305,8 @@ describe(`recovery (${backend.name})`, () => {
     expect(events.at(-1)).toMatchObject({ type: 'release', id: 'q' });
     expect(supervisor.list()).toEqual([]);
     expect(existsSync(join(s.stateDir, 'q'))).toBe(false);
-    await new Promise((r) => setTimeout(r, 100));
+    expect(await signalsBeforeProbes(s.pids.q!, s.log)).toEqual([]);
     expect(isGone(s.pids.q!)).toBe(false);
-    expect(loggedSignals(s.log)).toEqual([]);
     await expect(supervisor.release('q')).rejects.toMatchObject({ code: 'ERR_CUSTODY_NOT_FOUND' });
   });
 

@@ -5,19 +5,15 @@ import { execFile, execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { Supervisor } from '../../src/index.js';
-import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { processesWithMarker } from '../helpers/leaks.js';
 import { isRoot, MARKER, tmpDir } from '../helpers/procs.js';
 import { PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
-
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 /** A tiny tmpfs of its own (root only): the real ENOSPC and EROFS. */
 function tinyFs(sizeKiB = 256): string {

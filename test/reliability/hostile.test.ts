@@ -8,17 +8,15 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor } from '../../src/index.js';
-import { expectNoLeaks } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { endOwn, isRoot, killAndWait, loggedSignals, MARKER, tmpDir, untilReady } from '../helpers/procs.js';
 import { PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
-const cleanups: Array<() => Promise<void> | void> = [];
 const kids: ChildProcess[] = [];
 afterEach(async () => {
   for (const k of kids.splice(0)) await killAndWait(k);
-  while (cleanups.length) await cleanups.pop()!();
 });
 
 /** A state dir holding one real running instance, whose manifest is the template for forgeries. */

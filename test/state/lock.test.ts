@@ -5,21 +5,16 @@
 import { execFileSync, spawn as cpSpawn } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadAddon } from '../../src/backend/addon.js';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor } from '../../src/index.js';
-import { expectNoLeaks } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { endOwn, goneFrom, isRoot, killAndWait, MARKER, procStat, tmpDir, untilReady } from '../helpers/procs.js';
 import { DIST, fill01, NodeChild } from '../helpers/state.js';
 import { PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
-
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 function stateDir(): string {
   const dir = tmpDir('custody-lock-');

@@ -20,18 +20,17 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { spawn, Supervisor } from '../../src/index.js';
 import { capLog, followLog, InstanceLogs, logPaths, openAppend, pruneLogs, readLogTail } from '../../src/state/logs.js';
-import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { processesWithMarker } from '../helpers/leaks.js';
 import { isGone, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 let ctx: Awaited<ReturnType<typeof openSupervisor>> | undefined;
-const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
   await ctx?.dispose();
   ctx = undefined;
-  for (const c of cleanups.splice(0).reverse()) await c();
 });
 
 function scratch(): string {
@@ -388,8 +387,11 @@ describe(`the cap (${backend.name})`, () => {
     await logs.watch('quiet');
     logs.unwatch('quiet');
     writeFileSync(stderr, 'x'.repeat(4096));
-    // Ten check intervals: a check still running would have rotated it.
-    await new Promise((r) => setTimeout(r, 200));
+    const loud = logs.prepare('loud', { maxBytes: 16, keep: 1 });
+    await logs.watch('loud');
+    writeFileSync(loud?.stderr ?? '', 'x'.repeat(4096));
+    // A periodic check covers every watched log: once the watched one is rotated, one ran after both writes.
+    await waitFor(() => existsSync(`${loud?.stderr}.1`), 5000, 'the watched log to be rotated');
     expect(statSync(stderr).size).toBe(4096);
     expect(existsSync(`${stderr}.1`)).toBe(false);
   });

@@ -17,21 +17,16 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, spawn, Supervisor, type CustodyEvent, type ProcessHandle } from '../../src/index.js';
 import { readStateDir } from '../../src/state/store.js';
-import { expectNoLeaks } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { isGone, isRoot, MARKER, tmpDir, unusedPid } from '../helpers/procs.js';
 import { fill01, fillFixture, identityVars, write01 } from '../helpers/state.js';
 import { FIXTURES, PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
-
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 function scratch(): string {
   const dir = tmpDir('custody-statedir-');

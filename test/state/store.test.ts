@@ -17,24 +17,20 @@ import {
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { emitter, type CustodyEvent } from '../../src/events.js';
 import { Supervisor } from '../../src/index.js';
 import { removeDeclaredPaths } from '../../src/state/paths.js';
 import { decodeManifest } from '../../src/state/store.js';
 import { pidMax } from '../../src/validate.js';
-import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
+import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { processesWithMarker } from '../helpers/leaks.js';
 import { endOwn, goneFrom, isGone, isRoot, loggedSignals, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { DIST } from '../helpers/state.js';
 import { PERL } from '../helpers/supervisor.js';
 
-expectNoLeaks({ marker: MARKER });
-
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const cleanups = cleanupAfterEach({ marker: MARKER });
 
 const sleeperArgs = (t: string) => ['-e', 'sleep 300', t, MARKER];
 

@@ -9,7 +9,7 @@ import type { SweepOptions } from './process/sweep.js';
 import type { TerminateResult } from './process/terminate.js';
 import type { ExitStatus } from './types.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
+export type InstanceStatus = 'starting' | 'running' | 'exited' | 'stopping' | 'quarantined' | 'deferred';
 
 export interface InstanceInfo {
   id: string;

@@ -70,7 +70,7 @@ export interface Stopping {
   /** The last stop failed halfway: list() says `stopping`, where a first stop in flight shows what it stops. */
   failed: Error | null;
   /**
-   * Members pinned before the first signal (the main's descendants), kept across a failed stop: after the
+   * Members pinned before the first signal (a few of the main's children), kept across a failed stop: after the
    * main is gone they are what proves its session, and the next stop() ends what is left of them.
    */
   members: ProcessHandle[];

@@ -9,16 +9,18 @@
  * a timeout) leaves the instance `stopping`, in the table and on disk, and
  * the next stop() resumes it. It re-finds what is still alive: the cgroup's
  * members, or the main by its pin and the members pinned before the first
- * signal, whose session then proves the rest. `already-gone` is said only
+ * signal (a few of its children), whose session then proves the rest. `already-gone` is said only
  * when every one of them is proven gone.
  */
 import { AbortError } from '../errors.js';
-import type { ProcessHandle } from '../process/handle.js';
-import { releaseExit } from '../process/handle.js';
+import { backend } from '../backend/index.js';
+import { open, type ProcessHandle, releaseExit } from '../process/handle.js';
+import { isNoProcess } from '../process/identity.js';
+import { isMember } from '../process/ownership.js';
 import { orphansInSession } from '../process/reaper.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
 import { endedResult, forceEnd, terminate } from '../process/terminate.js';
-import { descendants, terminateCgroup, terminateMembers, terminateTree } from '../process/tree.js';
+import { terminateCgroup, terminateMembers, terminateTree } from '../process/tree.js';
 import type { StopOptions, StopResult } from '../options.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import { TIMED_OUT, within } from '../timing.js';
@@ -92,20 +94,39 @@ async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Prom
   return result;
 }
 
-/** Pins the main's descendants not pinned yet; the ones a failed stop kept that are gone are let go. */
+/**
+ * A few of the main's children, pinned and proven its children under their pins. One of them alive in the
+ * instance's session proves the session (sessionHeld) once the main is gone, and the session's scan then
+ * finds the rest: a few suffice, and each pin costs an fd and, on the js backend, a read per poll.
+ */
 function pinMembers(s: Stopping): void {
   const kept = s.members.filter((m) => {
     const alive = !m.hasExited && m.isAlive();
     if (!alive) m.close();
     return alive;
   });
+  const main = s.from.handle;
+  const parent = { pids: new Set([main.pid]) };
   const known = new Set(kept.map((m) => m.pid));
-  for (const m of descendants(s.from.handle.pid, { reapIfChild: true })) {
-    if (known.has(m.pid)) m.close();
-    else kept.push(m);
+  for (const pid of backend.children(main.pid)) {
+    if (kept.length >= MEMBER_PINS) break;
+    if (known.has(pid)) continue;
+    let m: ProcessHandle;
+    try {
+      m = open(pid);
+    } catch (err) {
+      if (isNoProcess(err)) continue;
+      throw err;
+    }
+    // The main alive after the read: the parent the child showed was the main, not a later owner of its pid.
+    if (m.identity && isMember(m.identity, parent) && main.isAlive()) kept.push(m);
+    else m.close();
   }
   s.members = kept;
 }
+
+/** How many of its children a stop pins before its first signal. */
+const MEMBER_PINS = 4;
 
 function releaseMembers(s: Stopping): void {
   for (const m of s.members.splice(0)) m.close();

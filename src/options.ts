@@ -14,7 +14,7 @@ import { assertDuration, assertFlag, assertKnownKeys } from './validate.js';
 
 export type { StopResult } from './process/terminate.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'exited' | 'quarantined' | 'deferred';
+export type InstanceStatus = 'starting' | 'running' | 'exited' | 'stopping' | 'quarantined' | 'deferred';
 
 /** One row of Supervisor.list(): an instance as it stands when listed. */
 export interface InstanceSummary {

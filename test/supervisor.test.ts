@@ -484,7 +484,9 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(processesWithMarker(MARKER)).toEqual([]);
     for (const i of insts) expect(goneSince(i.pid, i.identity.startTicks)).toBe(true);
     expect(fds()).toBe(before);
-  });
+    // Each launch writes its manifest three times, and each stop fsyncs its stopping manifest on this thread
+    // before its first signal (so that a busy threadpool never holds a signal up): ~26 s on js, loaded.
+  }, 60_000);
 
   it('abandons a launch still in flight when the supervisor closes, leaving nothing', async () => {
     ctx = await openSupervisor();

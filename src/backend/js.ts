@@ -120,8 +120,10 @@ function readStartTicks(pid: number, procRoot: string): number | null {
     if (!st) return null;
     if (isDead(st.state) && liveThread(`${procRoot}/${pid}`, pid) === null) return null;
     return st.startTicks;
-  } catch {
-    return null;
+  } catch (err) {
+    // Gone is an answer; EMFILE or ENOMEM is not: taken for one, a live process would count as exited.
+    if (vanished(err)) return null;
+    throw err;
   }
 }
 
@@ -243,7 +245,13 @@ export class ExitPoller {
 
   /** One read of pid for every pin on it. */
   #check(pid: number, set: Set<PolledExit>): void {
-    const ticks = readStartTicks(pid, '/proc');
+    let ticks: number | null;
+    try {
+      ticks = readStartTicks(pid, '/proc');
+    } catch {
+      // Unreadable now (EMFILE): it is read again at the next tick.
+      return;
+    }
     for (const ref of [...set]) {
       if (ticks !== ref.startTicks) ref.markExited(UNKNOWN_EXIT);
     }

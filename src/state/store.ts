@@ -11,6 +11,7 @@ import {
   closeSync,
   constants as fsc,
   fsync,
+  fsyncSync,
   lstatSync,
   mkdirSync,
   openSync,
@@ -525,14 +526,16 @@ export class StateStore {
    * state dir when the instance dir is new). Creates the instance dir
    * (0700) if needed; a write that fails leaves no dir it created. The
    * fsyncs run off the event loop: on a disk each costs a millisecond that
-   * concurrent launches need not wait for.
+   * concurrent launches need not wait for. `sync: true` makes them on this
+   * thread, for a write that a signal waits for (a stop's), which a busy
+   * threadpool must not hold up.
    */
-  async write(m: Manifest): Promise<void> {
+  async write(m: Manifest, options: { sync?: boolean } = {}): Promise<void> {
     assertId(m.id);
-    return this.#busy(() => this.#write(m));
+    return this.#busy(() => this.#write(m, options.sync === true ? fsyncNow : fsyncAsync));
   }
 
-  async #write(m: Manifest): Promise<void> {
+  async #write(m: Manifest, fsyncAsync: (fd: number) => Promise<void>): Promise<void> {
     const at = this.#held().at(m.id);
     let created = false;
     let dfd = -1;
@@ -836,3 +839,4 @@ export function readStateDir(path: string): StateListing {
 }
 
 const fsyncAsync = promisify(fsync);
+const fsyncNow = async (fd: number): Promise<void> => fsyncSync(fd);

@@ -1,0 +1,337 @@
+/**
+ * A launch as the supervisor runs it: up to `attempts` tries, each one
+ * recorded before anything is spawned, confirmed, recorded again with the
+ * confirmed identity before readiness, then recorded running; and each
+ * failure abandoned cleanly before the next (src/lifecycle/launch.ts has
+ * the steps). The attempt holds the instance's definition; its manifests
+ * are made from it.
+ */
+import { randomBytes } from 'node:crypto';
+import { statSync } from 'node:fs';
+import { backend } from '../backend/index.js';
+import { fsPath } from '../bytes.js';
+import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from '../errors.js';
+import type { InstanceCgroup } from '../process/cgroup.js';
+import { type ProcessHandle, resolveExecutable } from '../process/handle.js';
+import { type InstanceLogs, logLimits } from '../state/logs.js';
+import { removeDeclaredPaths } from '../state/paths.js';
+import { MANIFEST_VERSION, type Manifest, type StartingManifest } from '../state/store.js';
+import type { ProcessIdentity } from '../types.js';
+import { assertStringArray } from '../validate.js';
+import { track } from './exits.js';
+import type { LifecycleHost } from './host.js';
+import type { Starting } from './instances.js';
+import {
+  abandon,
+  confirm,
+  confirmedIdentity,
+  confirmedTarget,
+  obtainPid,
+  spawned,
+  startChild,
+  targetInCgroup,
+  waitReady,
+  type Attempt,
+  type Instance,
+  type LaunchSpec,
+} from './launch.js';
+import { openNotify } from './notify-launch.js';
+import { removeState } from './stop.js';
+
+/** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */
+export async function launchInstance(host: LifecycleHost, spec: LaunchSpec): Promise<Instance> {
+  const { id } = spec;
+  const existing = host.table.get(id);
+  if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
+  if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);
+  if (existing && existing.status !== 'exited') {
+    throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing.status}`);
+  }
+  // A state dir moved or replaced since open would get a record nobody finds.
+  host.store.assertInPlace();
+  if (existing) host.table.move(id, undefined);
+  const placeholder: Starting = { status: 'starting' };
+  host.table.move(id, placeholder);
+  try {
+    const attempts = spec.attempts ?? 1;
+    let lastError: unknown;
+    for (let n = 1; n <= attempts; n++) {
+      if (spec.signal?.aborted) throw new AbortError(spec.signal.reason);
+      try {
+        return await attempt(host, spec, n);
+      } catch (err) {
+        lastError = err;
+        // Deferred: an attempt not proven undone; its state waits for recover(), not for another attempt.
+        const deferred = host.table.get(id)?.status === 'deferred';
+        if (err instanceof AbortError || err instanceof InvalidArgError || host.closed || deferred) throw err;
+        if (n < attempts)
+          host.emit('retry', {
+            id,
+            attempt: n + 1,
+            message: `attempt ${n + 1} of ${attempts} after: ${(err as Error).message}`,
+          });
+      }
+    }
+    throw lastError;
+  } finally {
+    host.table.moveFrom(id, placeholder, undefined);
+  }
+}
+
+/** The definition of one attempt: the spec with its token, its argv and its declared paths settled. */
+function definition(spec: LaunchSpec): Attempt {
+  const token = randomBytes(16).toString('hex');
+  const argv = typeof spec.args === 'function' ? spec.args(token) : spec.args;
+  assertStringArray(argv, 'args');
+  const pidSpec = spec.pid ?? 'child';
+  const tokenMode = spec.token ?? 'argv';
+  // Only where the child's own argv is the target's can it be checked up
+  // front: a launcher may assemble the target's argv (and its token) from
+  // its own, and only the confirmed target must carry it. In env mode the
+  // environment carries it, whatever the argv.
+  if (tokenMode === 'argv' && pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
+    throw new InvalidArgError(`args of ${spec.id} must carry the launch token: pass args as a function of the token`);
+  }
+  const paths = [...(spec.paths ?? [])];
+  if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);
+  if (typeof pidSpec === 'object') paths.push(pidSpec.file);
+  const executable = spec.executable
+    ? statSync(fsPath(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd)))
+    : null;
+  return {
+    id: spec.id,
+    token,
+    tokenMode,
+    command: spec.command,
+    argv,
+    uid: spec.uid ?? null,
+    session: null,
+    expect: spec.expect ?? [],
+    executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
+    executablePath: spec.executable ?? null,
+    paths: [...new Set(paths)],
+    pidSpec,
+    launcherExits: spec.launcherExits !== false,
+    child: null,
+    target: null,
+    identity: null,
+    cgroup: null,
+    stderrTail: () => undefined,
+    notify: null,
+  };
+}
+
+/** The manifest written before anything is spawned: the attempt's definition, and what recovery needs besides. */
+function startingManifest(a: Attempt, spec: LaunchSpec): StartingManifest {
+  const now = new Date().toISOString();
+  const { pidSpec } = a;
+  return {
+    version: MANIFEST_VERSION,
+    id: a.id,
+    token: a.token,
+    tokenMode: a.tokenMode,
+    state: 'starting',
+    identity: null,
+    command: a.command,
+    args: a.argv,
+    expect: a.expect,
+    paths: a.paths,
+    executable: a.executablePath,
+    uid: a.uid,
+    pidSource: pidSpec === 'child' ? 'child' : typeof pidSpec === 'function' ? 'function' : 'file',
+    pidFile: typeof pidSpec === 'object' ? pidSpec.file : null,
+    createdAt: now,
+    updatedAt: now,
+    supervisorPid: process.pid,
+    // What the child shows until its exec: a crash in between leaves recovery a fork to wait for.
+    forkImage: backend.ownForkImage(),
+    quarantine: null,
+    // What the agent needs of the launch after a restart: the log caps, the launcher's role.
+    logs: spec.stdout === undefined || spec.stderr === undefined ? logCaps(spec.logs) : null,
+    launcherExits: a.launcherExits,
+    ...(a.cgroup ? { cgroup: { path: a.cgroup.path, id: a.cgroup.id } } : {}),
+  };
+}
+
+async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number): Promise<Instance> {
+  const a = definition(spec);
+  // Stale paths of an earlier run would make readiness lie.
+  removeDeclaredPaths(a.paths, host.emit, spec.id);
+  // Before the manifest: a log dir that cannot be trusted fails the launch with nothing to undo.
+  const logged = spec.stdout === undefined || spec.stderr === undefined;
+  const logs = host.logs.prepare(spec.id, logged ? spec.logs : false);
+  // The cgroup before the manifest that names it: a crash between the two leaves an empty cgroup, which recovery removes.
+  a.cgroup = host.cgroups?.create(spec.id, a.token, spec.limits) ?? null;
+  if (a.cgroup) host.launching.add(a.cgroup.path);
+  try {
+    return await run(host, spec, attemptNo, a, logs);
+  } finally {
+    if (a.cgroup) host.launching.delete(a.cgroup.path);
+  }
+}
+
+/** Where the confirmed target is recorded: the session only while the target is in it, the cgroup only if it is in it. */
+function placement(a: Attempt, identity: ProcessIdentity, cgroup: InstanceCgroup | null) {
+  return {
+    session: a.session !== null && identity.session === a.session ? a.session : null,
+    cgroup: cgroup ? { path: cgroup.path, id: cgroup.id } : null,
+  };
+}
+
+async function run(
+  host: LifecycleHost,
+  spec: LaunchSpec,
+  attemptNo: number,
+  a: Attempt,
+  logs: ReturnType<InstanceLogs['prepare']>,
+): Promise<Instance> {
+  const { token, pidSpec } = a;
+  const manifest = startingManifest(a, spec);
+  // Written, and fsync'd, before anything is spawned: a supervisor killed
+  // from here on leaves a record recovery can find the process by.
+  try {
+    await host.store.write(manifest);
+  } catch (err) {
+    await a.cgroup?.remove();
+    throw err;
+  }
+  host.emit('launch', {
+    id: spec.id,
+    attempt: attemptNo,
+    token,
+    message: `attempt ${attemptNo}: starting manifest written; spawning ${spec.command}`,
+  });
+  const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
+  const signal = spec.signal;
+  try {
+    // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
+    if (spec.ready === 'notify') a.notify = openNotify(a, host.emit);
+    startChild(a, spec, logs);
+    const child = spawned(a);
+    host.emit('spawn', {
+      id: spec.id,
+      pid: child.pid,
+      message: `spawned pid ${child.pid} (${pidSpec === 'child' ? 'the target itself' : 'a launcher; the target pid comes from it'})`,
+    });
+    const deadline = Date.now() + confirmTimeoutMs;
+    let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
+    await confirm(a, pid, deadline, confirmTimeoutMs, signal);
+    const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
+    // Recorded, fsync'd, before readiness: a supervisor killed while it waits leaves the proven identity.
+    await host.store.write({
+      ...manifest,
+      identity: confirmedIdentity(a),
+      ...placement(a, confirmedIdentity(a), cgroup),
+      updatedAt: new Date().toISOString(),
+    });
+    host.emit('confirm', {
+      id: spec.id,
+      pid,
+      identity: a.identity,
+      message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection`,
+    });
+    if (a.cgroup && !cgroup) {
+      host.emit('warning', {
+        id: spec.id,
+        pid,
+        message: `pid ${pid} was created outside the instance cgroup (by whatever the pid function asked): ${spec.id} runs with cgroup null, under the token rule`,
+      });
+    }
+    const instance: Instance = {
+      id: spec.id,
+      pid,
+      token,
+      identity: confirmedIdentity(a),
+      exited: confirmedTarget(a).exited,
+      cgroup: cgroup?.path ?? null,
+    };
+    if (spec.ready) {
+      const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
+      const readyTimeoutMs = spec.readyTimeoutMs ?? alias ?? 10_000;
+      await waitReady(a, instance, spec.ready, readyTimeoutMs, signal);
+      // A notify launch's MAINPID= may have made another pid the target (re-confirmed).
+      pid = confirmedTarget(a).pid;
+      const how = spec.ready === 'notify' ? 'ready: READY=1 from the instance' : 'ready';
+      host.emit('ready', { id: spec.id, pid, message: how });
+    }
+    // Closed while launching: nobody would watch it; undo rather than orphan it.
+    if (host.closed)
+      throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
+    const target = confirmedTarget(a);
+    const identity = confirmedIdentity(a);
+    // The session is recorded only while the target is in it: stop and recovery then count its members.
+    const running: Manifest = {
+      ...manifest,
+      state: 'running',
+      identity,
+      ...placement(a, identity, cgroup),
+      updatedAt: new Date().toISOString(),
+    };
+    await host.store.write(running);
+    if (child !== target) {
+      // The launcher is ours to reap whenever it ends; it holds nothing.
+      child.unref();
+      child.close();
+      if (a.cgroup && !cgroup) removeLauncherCgroup(host, spec.id, child, a.cgroup);
+    }
+    const tracked = track(host, running, target, cgroup);
+    const notify = a.notify;
+    if (notify) {
+      // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.
+      notify.keep();
+      host.notifiers.add(notify);
+      void target.gone.then(() => host.notifiers.delete(notify));
+    }
+    // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
+    host.reap();
+    host.emit('running', { id: spec.id, pid, message: 'running; identity manifest written' });
+    return tracked;
+  } catch (err) {
+    // Nothing said from here on counts.
+    a.notify?.close();
+    let ended: number[];
+    try {
+      ended = await host.withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, host.emit));
+      // Proven empty: the cgroup goes, then the state.
+      await a.cgroup?.remove();
+    } catch (abandonErr) {
+      // Something of the attempt would not die: its manifest stays, for a
+      // later recover() to decide; until then the id is refused.
+      host.emit('warning', {
+        id: spec.id,
+        message: `abandon of ${spec.id} failed (${(abandonErr as Error).message}); its manifest is kept`,
+      });
+      host.table.move(spec.id, { status: 'deferred', error: abandonErr as Error });
+      throw err;
+    }
+    // State goes only now: every process of the attempt is proven gone.
+    await removeState(host, spec.id);
+    host.emit('abandon', {
+      id: spec.id,
+      attempt: attemptNo,
+      pids: ended,
+      error: err,
+      message: (err as Error).message,
+    });
+    throw err;
+  }
+}
+
+/** A pid function's launcher held the cgroup its target is not in: it goes once the launcher has exited, if nothing is left in it. */
+function removeLauncherCgroup(host: LifecycleHost, id: string, launcher: ProcessHandle, cg: InstanceCgroup): void {
+  void launcher.exited
+    .then(() => cg.remove())
+    .catch((err: unknown) => {
+      host.emit('warning', {
+        id,
+        message: `the launcher's cgroup ${cg.path} was not removed (${(err as Error).message}); what is left in it is not signalled`,
+      });
+    });
+}
+
+/** The caps the manifest records: null where the launch's output does not go to custody's log files. */
+function logCaps(options: LaunchSpec['logs']): { maxBytes: number; keep: number } | null {
+  if (options === false) return null;
+  const { maxBytes, keep } = logLimits(options);
+  return { maxBytes, keep };
+}

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { spawnedChild } from '../../src/backend/addon.js';
-import { ExitPoller, type PolledExit } from '../../src/backend/js.js';
+import { ExitPoller, type PolledExit } from '../../src/backend/js-exits.js';
 import { exitWatchesOf, type NativeBackend } from '../../src/backend/native.js';
 import { encodeArg } from '../../src/bytes.js';
 import { holdExit, releaseExit } from '../../src/process/handle.js';

@@ -12,8 +12,9 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { spawnedChild } from '../../src/backend/addon.js';
-import { ExitPoller, type PolledExit } from '../../src/backend/js.js';
-import { exitWatchesOf, type NativeBackend } from '../../src/backend/native.js';
+import { ExitPoller, type PolledExit } from '../../src/backend/js-exits.js';
+import type { NativeBackend } from '../../src/backend/native.js';
+import { exitWatchesOf } from '../../src/backend/native-watch.js';
 import { encodeArg } from '../../src/bytes.js';
 import { holdExit, releaseExit } from '../../src/process/handle.js';
 import { spawn } from '../../src/index.js';
@@ -339,7 +340,7 @@ describe.skipIf(backend.name !== 'native')('the native watch set', () => {
     // A fresh node: the uncaught exception is what is observed.
     const script = `
       const { createRequire } = require('node:module');
-      import(${JSON.stringify(join(import.meta.dirname, '..', '..', 'dist', 'backend', 'native.js'))}).then((m) => {
+      import(${JSON.stringify(join(import.meta.dirname, '..', '..', 'dist', 'backend', 'native-watch.js'))}).then((m) => {
         const a = require(process.env.CUSTODY_ADDON_PATH ?? ${JSON.stringify(join(import.meta.dirname, '..', '..', 'build', 'Release', 'custody.node'))});
         const w = m.exitWatchesOf(a);
         const [r, wr] = a.pipe();

@@ -21,21 +21,20 @@ import { assertStringArray } from '../validate.js';
 import { track } from './exits.js';
 import type { LifecycleHost } from './host.js';
 import type { Starting } from './instances.js';
+import { abandon, targetInCgroup } from './abandon.js';
+import { confirm } from './confirm.js';
 import {
-  abandon,
-  confirm,
   confirmedIdentity,
   confirmedTarget,
   obtainPid,
   spawned,
   startChild,
-  targetInCgroup,
-  waitReady,
   type Attempt,
   type Instance,
   type LaunchSpec,
 } from './launch.js';
 import { openNotify } from './notify-launch.js';
+import { waitReady } from './ready.js';
 import { removeState } from './stop.js';
 
 /** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */

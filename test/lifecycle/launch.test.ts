@@ -5,18 +5,9 @@
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import {
-  abandon,
-  type Attempt,
-  childEnv,
-  claimOf,
-  confirm,
-  type ConfirmFacts,
-  decideConfirm,
-  type LaunchSpec,
-  obtainPid,
-  startChild,
-} from '../../src/lifecycle/launch.js';
+import { abandon } from '../../src/lifecycle/abandon.js';
+import { confirm, type ConfirmFacts, decideConfirm } from '../../src/lifecycle/confirm.js';
+import { type Attempt, childEnv, claimOf, type LaunchSpec, obtainPid, startChild } from '../../src/lifecycle/launch.js';
 import { TOKEN_VAR } from '../../src/process/ownership.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { isGone, MARKER, tmpDir } from '../helpers/procs.js';

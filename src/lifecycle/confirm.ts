@@ -1,0 +1,165 @@
+/**
+ * The confirm step of a launch attempt: the reported pid is polled until it
+ * has exec'd into the attempt's marks, and the identity is recorded from that
+ * very inspection (launch.ts has the attempt). The decision after each
+ * inspection is a pure function, decideConfirm(), so its table is tested
+ * without a process.
+ */
+import { ConfirmTimeoutError, NotOursError } from '../errors.js';
+import {
+  describeRejection,
+  judge,
+  tokenMarks,
+  type Claim,
+  type EnvironReader,
+  type Rejection,
+} from '../process/ownership.js';
+import { pin } from '../process/pin.js';
+import { UNKNOWN_EXIT } from '../process/signals.js';
+import { backoff, TIMED_OUT, within } from '../timing.js';
+import type { ProcessIdentity } from '../types.js';
+import { type Attempt, claimOf, EXIT_STATUS_WAIT_MS, exitedError, spawned } from './launch.js';
+
+/** A short kernel wait for a child's argv to appear after exec: at most 40 x 50 us. */
+const spinCell = new Int32Array(new SharedArrayBuffer(4));
+const MAX_ARGV_SPINS = 40;
+const ARGV_SPIN_MS = 0.05;
+
+/**
+ * Rejections that waiting cannot change for a reported pid: it is someone else's (not a launcher still
+ * exec'ing); and, for any pid, an environment that may not be read (another uid; root reads every one).
+ */
+const PERMANENT = new Set<Rejection>(['init', 'self', 'ancestor', 'uid', 'namespace', 'cgroup', 'environ']);
+
+/** Our own child: exec'd into `executable` (if named) and carrying the marks; why not, or null. */
+function ownChildMarks(a: Attempt, claim: Claim, live: ProcessIdentity, environ: EnvironReader): Rejection | null {
+  if (a.executable && !(live.exe !== null && live.exe.dev === a.executable.dev && live.exe.ino === a.executable.ino)) {
+    return 'exe';
+  }
+  return tokenMarks(claim, live, environ);
+}
+
+/** What one inspection of the reported pid showed, for decideConfirm(). */
+export interface ConfirmFacts {
+  /** Whether the pid is our own child (ours by birth), not one a launcher or a function reported. */
+  own: boolean;
+  /** Not there any more, or a zombie: it exited before it carried our marks. */
+  gone: boolean;
+  /** Why it is not (yet) the target, by the ownership rule or our child's marks; null: it is. */
+  why: Rejection | null;
+  /** Our child exec'd but its argv not laid out yet (an empty cmdline). */
+  argvEmpty: boolean;
+  /** Short kernel waits spent on an empty argv so far. */
+  spins: number;
+  /** Whether the confirm deadline has passed. */
+  timedOut: boolean;
+}
+
+export type ConfirmStep =
+  | { do: 'exited' }
+  | { do: 'not-ours'; why: Rejection }
+  | { do: 'confirmed' }
+  | { do: 'spin' }
+  | { do: 'retry' }
+  | { do: 'timeout' };
+
+/**
+ * The confirm loop's next step after one inspection: the pid is the target,
+ * has exited, is someone else's for good, or may still exec into the marks
+ * (spin on our child's empty argv, retry later, or give up at the deadline).
+ */
+export function decideConfirm(f: ConfirmFacts): ConfirmStep {
+  if (f.gone) return { do: 'exited' };
+  // Our own child may still be exec'ing whatever it shows (only an environment that may not be read stays
+  // so); a reported pid that is someone else's will not become ours by waiting.
+  if (f.why && PERMANENT.has(f.why) && (!f.own || f.why === 'environ')) return { do: 'not-ours', why: f.why };
+  if (f.why === null) return { do: 'confirmed' };
+  // Exec'd (clone returns only then) but its argv not laid out yet: that takes microseconds, a timer a millisecond.
+  if (f.own && f.argvEmpty && f.spins < MAX_ARGV_SPINS) return { do: 'spin' };
+  return f.timedOut ? { do: 'timeout' } : { do: 'retry' };
+}
+
+/**
+ * Polls the pid's argv until it carries the token and every expected
+ * element, and records the identity from that very inspection, under the
+ * pin the inspection was made with.
+ */
+export async function confirm(
+  a: Attempt,
+  pid: number,
+  deadline: number,
+  timeoutMs: number,
+  signal?: AbortSignal,
+): Promise<void> {
+  const child = spawned(a);
+  const own = pid === child.pid;
+  let lastArgv: string[] | null = null;
+  let spins = 0;
+  const timeout = () =>
+    new ConfirmTimeoutError(a.id, pid, timeoutMs, `last argv seen: ${JSON.stringify(lastArgv).slice(0, 200)}`);
+  for await (const _ of backoff({ firstMs: 0, maxMs: 20, deadline, signal })) {
+    for (;;) {
+      // A pid function may name a child of Node's child_process: its owner
+      // reaps it, and reaping it here would rob libuv of its exit. A TID is
+      // refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
+      const pinned = pin(pid, { reapIfChild: typeof a.pidSpec !== 'function', thread: 'refuse' });
+      let why: Rejection | null = null;
+      let live: ProcessIdentity | null = null;
+      if (pinned && pinned.identity.state !== 'Z') {
+        live = pinned.identity;
+        const claim = claimOf(a);
+        const environ = pinned.environ;
+        // Our own child is ours by birth: it only has to have exec'd into the
+        // argv (or, in env mode, into an environment with the token: before exec
+        // the child's is ours). A pid a launcher or a function reported must pass
+        // the ownership rule on its own marks (token, program, uid; never the
+        // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
+        // With a cgroup our child is judged too: the js backend's placing
+        // wrapper carries the target's argv before it is placed and has exec'd
+        // it, and only the exec'd target in the cgroup is it.
+        const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
+        why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
+      }
+      const step = decideConfirm({
+        own,
+        gone: live === null,
+        why,
+        argvEmpty: pinned?.identity.argv.length === 0,
+        spins,
+        timedOut: Date.now() >= deadline,
+      });
+      if (step.do === 'confirmed' && pinned && live) {
+        a.identity = live;
+        if (own) {
+          // Our own child: its pidfd from birth already pins it.
+          pinned.handle.close();
+          a.target = child;
+        } else {
+          a.target = pinned.handle;
+        }
+        return;
+      }
+      if (pinned) lastArgv = pinned.identity.argv;
+      pinned?.handle.close();
+      switch (step.do) {
+        case 'exited': {
+          // The pid is gone before it carried our argv. (Our child's status
+          // comes with its reaping, at once; the bound is for the unexpected.)
+          const bound = Math.max(0, deadline - Date.now()) + EXIT_STATUS_WAIT_MS;
+          const reaped = own ? await within(child.exited, bound, signal) : TIMED_OUT;
+          throw exitedError(a, pid, reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT));
+        }
+        case 'not-ours':
+          throw new NotOursError(a.id, pid, describeRejection(pid, step.why));
+        case 'spin':
+          spins++;
+          Atomics.wait(spinCell, 0, 0, ARGV_SPIN_MS);
+          continue;
+        case 'timeout':
+          throw timeout();
+      }
+      break;
+    }
+  }
+  throw timeout();
+}

@@ -2,8 +2,8 @@
  * A launch as the supervisor runs it: up to `attempts` tries, each one
  * recorded before anything is spawned, confirmed, recorded again with the
  * confirmed identity before readiness, then recorded running; and each
- * failure abandoned cleanly before the next (src/lifecycle/launch.ts has
- * the steps). The attempt holds the instance's definition; its manifests
+ * failure abandoned cleanly before the next (launch.ts, confirm.ts, ready.ts
+ * and abandon.ts have the steps). The attempt holds the instance's definition; its manifests
  * are made from it.
  */
 import { randomBytes } from 'node:crypto';

@@ -1,5 +1,5 @@
 /**
- * src/lifecycle/launch.ts on its own: the attempt's functions called directly, without a Supervisor (the behavioural
+ * src/lifecycle/launch.ts, confirm.ts and abandon.ts on their own: the attempt's functions called directly, without a Supervisor (the behavioural
  * suites reach them only through it). The confirm decider is a table; the rest runs real processes.
  */
 import { randomBytes } from 'node:crypto';

@@ -70,7 +70,7 @@ export type {
   ThawEvent,
   WarningEvent,
 } from './events.js';
-export type { Manifest, ManifestState } from './state/store.js';
+export type { Manifest, ManifestState } from './state/manifest.js';
 export { sweep } from './process/sweep.js';
 export type { SweepOptions, SweepResult } from './process/sweep.js';
 export { descendants, terminateTree } from './process/tree.js';

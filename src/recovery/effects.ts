@@ -14,7 +14,7 @@ import type { Manifest, QuarantinedManifest, RunningManifest } from '../state/ma
 import type { StateStore } from '../state/store.js';
 import { decideFailure, type Outcome, type Platform } from './decide.js';
 import { pin } from './pins.js';
-import type { RecoveryEntry, RecoveryHost, RecoveryReport } from './recover.js';
+import type { RecoveryEntry, RecoveryHost, RecoveryReport } from './host.js';
 
 /** Cleaned instances' removals under way at once: enough to keep libuv's threadpool (4 threads) fed, few enough to leave it to the scan and the pins. */
 const REMOVALS_IN_FLIGHT = 8;

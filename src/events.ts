@@ -8,8 +8,7 @@
  */
 import { channel } from 'node:diagnostics_channel';
 import { callHook } from './lifecycle/hooks.js';
-import type { StopResult } from './process/terminate.js';
-import type { ExitStatus, ProcessIdentity } from './types.js';
+import type { ExitStatus, ProcessIdentity, StopResult } from './types.js';
 
 /** What every event carries. */
 interface EventBase<T extends string> {

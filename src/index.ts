@@ -43,7 +43,7 @@ export type { InstanceInfo, InstanceStatus, InstanceSummary, StopOptions, Superv
 export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec } from './lifecycle/launch.js';
 export { followLog, logPaths, readLogTail } from './state/logs.js';
 export type { LogFiles, LogOptions } from './state/logs.js';
-export type { RecoveryReport, RecoveryEntry } from './recovery/recover.js';
+export type { RecoveryReport, RecoveryEntry } from './recovery/host.js';
 export type {
   AbandonEvent,
   AdoptEvent,
@@ -70,7 +70,7 @@ export type {
   ThawEvent,
   WarningEvent,
 } from './events.js';
-export type { Manifest, ManifestState } from './state/store.js';
+export type { Manifest, ManifestState } from './state/manifest.js';
 export { sweep } from './process/sweep.js';
 export type { SweepOptions, SweepResult } from './process/sweep.js';
 export { descendants, terminateTree } from './process/tree.js';

@@ -12,7 +12,7 @@ import { type SweepOptions, validateSweep } from './process/sweep.js';
 import type { ExitStatus } from './types.js';
 import { assertDuration, assertFlag, assertKnownKeys } from './validate.js';
 
-export type { StopResult } from './process/terminate.js';
+export type { StopResult } from './types.js';
 
 export type InstanceStatus = 'starting' | 'running' | 'exited' | 'stopping' | 'quarantined' | 'deferred';
 

@@ -50,6 +50,15 @@ export interface ExitStatus {
   signal: NodeJS.Signals | null;
 }
 
+/** How a process, or an instance (Supervisor.stop()), was ended: what is known of its main process. */
+export interface StopResult {
+  outcome: 'exited' | 'already-gone';
+  /** killSignal had to be sent. */
+  escalated: boolean;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
 export type Verdict = 'ok' | 'gone' | 'rebooted' | 'unprovable' | 'unrecorded' | 'reused' | 'mismatch';
 
 export interface VerifyResult {

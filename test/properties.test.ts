@@ -7,7 +7,7 @@ import { backend } from '../src/backend/index.js';
 import type { NativeBackend } from '../src/backend/native.js';
 import { BadManifestError } from '../src/errors.js';
 import { parseStat, parseStatusUid, splitCmdline, type StatFields } from '../src/process/proc.js';
-import { decodeManifest, MANIFEST_VERSION } from '../src/state/store.js';
+import { decodeManifest, MANIFEST_VERSION } from '../src/state/manifest.js';
 
 const comm = fc.string({ maxLength: 16 }).filter((s) => !s.includes('\n') && !s.includes('\0'));
 const statLine = fc.record({

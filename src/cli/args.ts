@@ -4,7 +4,7 @@
  * one line. A usage error is found before anything is opened or read.
  */
 import { InvalidArgError } from '../errors.js';
-import { assertId } from '../state/store.js';
+import { assertId } from '../state/manifest.js';
 
 /** A bad invocation: exit 2, this one line on stderr, pointing at the help that explains it. */
 export class UsageError extends Error {

@@ -4,7 +4,7 @@
  * (stop removes its state and keeps its logs).
  */
 import { followLog, logPaths, readLogTail } from '../state/logs.js';
-import { readStateDir } from '../state/store.js';
+import { readStateDir } from '../state/reads.js';
 import { type Command, flag, idArg, JSON_OPTION, oneOf, STATE_DIR_OPTION, stateDirOf, wholeNumber } from './args.js';
 import { CliError, print } from './output.js';
 

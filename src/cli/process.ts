@@ -5,7 +5,7 @@ import { statSync } from 'node:fs';
 import { backend } from '../backend/index.js';
 import { inspect, isNoProcess, verify } from '../process/identity.js';
 import { NotAProcessError } from '../errors.js';
-import { readStateDir } from '../state/store.js';
+import { readStateDir } from '../state/reads.js';
 import { sweep } from '../process/sweep.js';
 import type { ProcessIdentity } from '../types.js';
 import { pidMax } from '../validate.js';

@@ -6,7 +6,8 @@
  */
 import type { CustodyEvent } from '../events.js';
 import { STATE_FORMAT } from '../state/statedir.js';
-import { IncompleteInstanceError, assertEntryName, readStateDir, type StateListing } from '../state/store.js';
+import { IncompleteInstanceError, assertEntryName } from '../state/manifest.js';
+import { readStateDir, type StateListing } from '../state/reads.js';
 import { type StopResult, Supervisor } from '../supervisor.js';
 import { describeExit } from '../process/exit.js';
 import { verify } from '../process/identity.js';

@@ -15,7 +15,7 @@ import type { InstanceCgroup } from '../process/cgroup.js';
 import { type ProcessHandle, resolveExecutable } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
-import { MANIFEST_VERSION, type Manifest, type StartingManifest } from '../state/store.js';
+import { MANIFEST_VERSION, type Manifest, type StartingManifest } from '../state/manifest.js';
 import type { ProcessIdentity } from '../types.js';
 import { assertStringArray } from '../validate.js';
 import { track } from './exits.js';

@@ -14,7 +14,7 @@ import { holdExit, type ProcessHandle, releaseExit } from '../process/handle.js'
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { sessionLeftovers, terminateMembers } from '../process/tree.js';
 import { removeDeclaredPaths } from '../state/paths.js';
-import type { Manifest } from '../state/store.js';
+import type { Manifest } from '../state/manifest.js';
 import type { ExitStatus } from '../types.js';
 import type { LifecycleHost } from './host.js';
 import { persistStopping, type Exited, type Running } from './instances.js';

@@ -20,7 +20,8 @@
 import type { InstanceCgroup } from '../process/cgroup.js';
 import type { ProcessHandle } from '../process/handle.js';
 import type { InstanceStatus, InstanceSummary, StopResult } from '../options.js';
-import { IncompleteInstanceError, type Manifest, type StateStore, type StoppingManifest } from '../state/store.js';
+import { IncompleteInstanceError, type Manifest, type StoppingManifest } from '../state/manifest.js';
+import type { StateStore } from '../state/store.js';
 import type { ExitStatus } from '../types.js';
 import type { Instance } from './launch.js';
 

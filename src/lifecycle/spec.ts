@@ -5,7 +5,7 @@
 import { InvalidArgError, UnsupportedError } from '../errors.js';
 import { backend } from '../backend/index.js';
 import { assertLogOptions } from '../state/logs.js';
-import { assertId } from '../state/store.js';
+import { assertId } from '../state/manifest.js';
 import type { CgroupLimits } from '../process/cgroup.js';
 import type { LogOptions } from '../state/logs.js';
 import {

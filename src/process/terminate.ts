@@ -11,7 +11,13 @@ import { AbortError, InvalidArgError, StopTimeoutError } from '../errors.js';
 import { exitStatusWithin, ProcessHandle } from './handle.js';
 import { signalNumber, UNKNOWN_EXIT } from './signals.js';
 import { TIMED_OUT, within } from '../timing.js';
+import type { StopResult } from '../types.js';
 import { assertDuration, assertSignallable } from '../validate.js';
+
+// StopResult is declared with the other shared result types: events.ts names
+// it too, and importing it from here tied the event vocabulary to the
+// signalling code (an import cycle). Re-exported for the public API.
+export type { StopResult };
 
 export interface TerminateOptions {
   /** The polite signal. Default SIGTERM. */
@@ -31,15 +37,6 @@ export interface TerminateOptions {
   signal?: AbortSignal;
   /** Called when escalating to killSignal, before it is sent: a warning worth surfacing. */
   onEscalate?: (info: { pid: number; graceMs: number }) => void;
-}
-
-/** How a process, or an instance (Supervisor.stop()), was ended: what is known of its main process. */
-export interface StopResult {
-  outcome: 'exited' | 'already-gone';
-  /** killSignal had to be sent. */
-  escalated: boolean;
-  code: number | null;
-  signal: NodeJS.Signals | null;
 }
 
 /** @deprecated Renamed StopResult, which stop() returns too; this alias goes in the next minor version. */

@@ -7,7 +7,7 @@ import { statSync } from 'node:fs';
 import { fsPath } from '../bytes.js';
 import { resolveExecutable } from '../process/handle.js';
 import type { Claim, DevIno } from '../process/ownership.js';
-import type { Manifest } from '../state/store.js';
+import type { Manifest } from '../state/manifest.js';
 
 export function fileId(path: string | null, env: NodeJS.ProcessEnv = process.env): DevIno | null {
   if (!path) return null;

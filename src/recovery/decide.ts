@@ -9,7 +9,7 @@
 import { errnoError, BadManifestError } from '../errors.js';
 import { isTransient } from '../process/identity.js';
 import type { Judgement } from '../process/ownership.js';
-import { IncompleteInstanceError, type Manifest } from '../state/store.js';
+import { IncompleteInstanceError, type Manifest } from '../state/manifest.js';
 import type { VerifyResult } from '../types.js';
 
 /** How long recovery gives an interrupted launch to exec into its expected argv (the launch's own confirm bound). */

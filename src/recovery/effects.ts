@@ -10,10 +10,11 @@ import type { ProcessHandle } from '../process/handle.js';
 import { isMember } from '../process/ownership.js';
 import { terminateCgroup } from '../process/tree.js';
 import { removeDeclaredPaths } from '../state/paths.js';
-import type { Manifest, QuarantinedManifest, RunningManifest, StateStore } from '../state/store.js';
+import type { Manifest, QuarantinedManifest, RunningManifest } from '../state/manifest.js';
+import type { StateStore } from '../state/store.js';
 import { decideFailure, type Outcome, type Platform } from './decide.js';
 import { pin } from './pins.js';
-import type { RecoveryEntry, RecoveryHost, RecoveryReport } from './recover.js';
+import type { RecoveryEntry, RecoveryHost, RecoveryReport } from './host.js';
 
 /** Cleaned instances' removals under way at once: enough to keep libuv's threadpool (4 threads) fed, few enough to leave it to the scan and the pins. */
 const REMOVALS_IN_FLIGHT = 8;

@@ -20,12 +20,11 @@
  * and reported (never signalled) when something runs in it.
  */
 import { backend } from '../backend/index.js';
-import type { Emit } from '../events.js';
-import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
 import { ProcessHandle } from '../process/handle.js';
-import type { Manifest, RunningManifest, StateStore } from '../state/store.js';
+import type { Manifest, RunningManifest } from '../state/manifest.js';
 import { decideFailure, decideManifest, decideUnreadable, provenLike } from './decide.js';
 import { RecoveryEffects } from './effects.js';
+import type { RecoveryHost, RecoveryReport } from './host.js';
 import { PinsAhead } from './pins.js';
 import { type Confirmed, recoverRunning } from './running.js';
 import { TokenScan } from './scan.js';
@@ -33,41 +32,8 @@ import { InterruptedLaunches } from './starting.js';
 import { finishStop } from './stopping.js';
 
 export { STARTING_CONFIRM_MS } from './decide.js';
-
-export interface RecoveryEntry {
-  id: string;
-  pid?: number;
-  reason?: string;
-  field?: string;
-}
-
-export interface RecoveryReport {
-  adopted: RecoveryEntry[];
-  repaired: RecoveryEntry[];
-  cleaned: RecoveryEntry[];
-  quarantined: RecoveryEntry[];
-  /** Not decided now (the kernel could not answer: EMFILE, ENOMEM, EIO...); a later recover() decides them. */
-  deferred: Array<RecoveryEntry & { error: Error }>;
-}
-
-/** The few things recovery needs from its supervisor: no more. */
-export interface RecoveryHost {
-  readonly store: StateStore;
-  readonly emit: Emit;
-  /** Adopt without proof where the platform cannot prove identity (a warning each time). */
-  readonly allowUnprovable: boolean;
-  /** The supervisor's cgroup root, where it has one. */
-  readonly cgroups: CgroupRoot | null;
-  /** Whether a cgroup (by path) belongs to an instance the supervisor tracks or is launching right now. */
-  usesCgroup(path: string): boolean;
-  /** Whether recovery should (re)consider this id: not tracked, or deferred earlier. */
-  wants(id: string): boolean;
-  adopt(manifest: RunningManifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): void;
-  quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void;
-  defer(id: string, error: Error): void;
-  /** Recovery cleaned this id's state (or found none of custody's): a deferral of it is over. */
-  forget(id: string): void;
-}
+// recover()'s signature types, reachable with it for its callers (the supervisor).
+export type { RecoveryEntry, RecoveryHost, RecoveryReport } from './host.js';
 
 export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const fx = new RecoveryEffects(host);

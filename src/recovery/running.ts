@@ -14,7 +14,7 @@ import {
   type RunningManifest,
   type StartingManifest,
   type StoppingManifest,
-} from '../state/store.js';
+} from '../state/manifest.js';
 import type { ProcessIdentity } from '../types.js';
 import { recordedClaim } from './claims.js';
 import { decideRunning, type Outcome, type RunningFacts } from './decide.js';

@@ -12,7 +12,7 @@ import { startedAtMs } from '../process/proc.js';
 import type { ProcEntry } from '../backend/types.js';
 import { isNoProcess } from '../process/identity.js';
 import { envToken, indexByToken, mayCarryEnvToken } from '../process/ownership.js';
-import type { Manifest } from '../state/store.js';
+import type { Manifest } from '../state/manifest.js';
 import { pin } from './pins.js';
 
 /**

@@ -16,7 +16,7 @@ import type { InstanceCgroup } from '../process/cgroup.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { type Claim, describeRejection, isMember, type Judgement, judge } from '../process/ownership.js';
 import { terminateMembers } from '../process/tree.js';
-import type { Manifest, RunningManifest, StartingManifest } from '../state/store.js';
+import type { Manifest, RunningManifest, StartingManifest } from '../state/manifest.js';
 import { backoff } from '../timing.js';
 import { launcherClaim, targetClaim } from './claims.js';
 import { decideStarting, LEFTOVER_GRACE_MS, STARTING_CONFIRM_MS, type StartingFacts } from './decide.js';

@@ -14,7 +14,7 @@ import { StopTimeoutError } from '../errors.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { type Claim, judge } from '../process/ownership.js';
 import { terminateMembers } from '../process/tree.js';
-import { MANIFEST_VERSION, type StoppingManifest } from '../state/store.js';
+import { MANIFEST_VERSION, type StoppingManifest } from '../state/manifest.js';
 import { targetClaim } from './claims.js';
 import { decideStopping, LEFTOVER_GRACE_MS, type StoppingFacts } from './decide.js';
 import type { RecoveryEffects } from './effects.js';

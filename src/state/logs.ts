@@ -40,7 +40,7 @@ import { BadLogError, InvalidArgError } from '../errors.js';
 import { fileKind, openRegular } from './files.js';
 import { assertDuration } from '../validate.js';
 import { LOGS } from './statedir.js';
-import { assertId } from './store.js';
+import { assertId } from './manifest.js';
 import { loopSlices, sleep } from '../timing.js';
 
 export interface LogOptions {

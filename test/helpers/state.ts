@@ -6,7 +6,7 @@ import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ProcessIdentity } from '../../src/index.js';
-import { MANIFEST_VERSION, type StartingManifest } from '../../src/state/store.js';
+import { MANIFEST_VERSION, type StartingManifest } from '../../src/state/manifest.js';
 import { FIXTURES, PERL } from './supervisor.js';
 
 export const DIST = join(import.meta.dirname, '..', '..', 'dist', 'index.js');

@@ -16,7 +16,7 @@ import {
   type StartingFacts,
   type StoppingFacts,
 } from '../../src/recovery/decide.js';
-import { IncompleteInstanceError, type Manifest } from '../../src/state/store.js';
+import { IncompleteInstanceError, type Manifest } from '../../src/state/manifest.js';
 import type { ProcessIdentity } from '../../src/types.js';
 
 const errno = (code: string) => Object.assign(new Error(code), { code });

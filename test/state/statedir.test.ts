@@ -20,7 +20,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, spawn, Supervisor, type CustodyEvent, type ProcessHandle } from '../../src/index.js';
-import { readStateDir } from '../../src/state/store.js';
+import { readStateDir } from '../../src/state/reads.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { isGone, isRoot, MARKER, tmpDir, unusedPid } from '../helpers/procs.js';
 import { fill01, fillFixture, identityVars, write01 } from '../helpers/state.js';

@@ -22,7 +22,7 @@ import { backend } from '../../src/backend/index.js';
 import { emitter, type CustodyEvent } from '../../src/events.js';
 import { Supervisor } from '../../src/index.js';
 import { removeDeclaredPaths } from '../../src/state/paths.js';
-import { decodeManifest } from '../../src/state/store.js';
+import { decodeManifest } from '../../src/state/manifest.js';
 import { pidMax } from '../../src/validate.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';

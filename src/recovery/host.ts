@@ -1,0 +1,46 @@
+/**
+ * What recovery reports and what it needs from its supervisor: the types
+ * recover.ts (which orchestrates) and effects.ts (which carries out and
+ * reports) share. A leaf of its own, so that neither imports the other for
+ * them.
+ */
+import type { Emit } from '../events.js';
+import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
+import type { ProcessHandle } from '../process/handle.js';
+import type { Manifest, RunningManifest } from '../state/manifest.js';
+import type { StateStore } from '../state/store.js';
+
+export interface RecoveryEntry {
+  id: string;
+  pid?: number;
+  reason?: string;
+  field?: string;
+}
+
+export interface RecoveryReport {
+  adopted: RecoveryEntry[];
+  repaired: RecoveryEntry[];
+  cleaned: RecoveryEntry[];
+  quarantined: RecoveryEntry[];
+  /** Not decided now (the kernel could not answer: EMFILE, ENOMEM, EIO...); a later recover() decides them. */
+  deferred: Array<RecoveryEntry & { error: Error }>;
+}
+
+/** The few things recovery needs from its supervisor: no more. */
+export interface RecoveryHost {
+  readonly store: StateStore;
+  readonly emit: Emit;
+  /** Adopt without proof where the platform cannot prove identity (a warning each time). */
+  readonly allowUnprovable: boolean;
+  /** The supervisor's cgroup root, where it has one. */
+  readonly cgroups: CgroupRoot | null;
+  /** Whether a cgroup (by path) belongs to an instance the supervisor tracks or is launching right now. */
+  usesCgroup(path: string): boolean;
+  /** Whether recovery should (re)consider this id: not tracked, or deferred earlier. */
+  wants(id: string): boolean;
+  adopt(manifest: RunningManifest, handle: ProcessHandle, cgroup: InstanceCgroup | null): void;
+  quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void;
+  defer(id: string, error: Error): void;
+  /** Recovery cleaned this id's state (or found none of custody's): a deferral of it is over. */
+  forget(id: string): void;
+}

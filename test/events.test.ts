@@ -5,6 +5,9 @@
  * what a real supervisor emits (on both backends).
  */
 import { subscribe, unsubscribe } from 'node:diagnostics_channel';
+import { rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterEach, describe, expect, expectTypeOf, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { emitter, type CustodyEventOf, type CustodyEventType } from '../src/events.js';
@@ -155,12 +158,17 @@ describe('event types', () => {
 
   it(`what a supervisor emits carries its type's fields (${backend.name})`, async () => {
     const ctx = await openSupervisor();
+    let cleanupGate = () => {};
     try {
       const args = (t: string) => ['-e', 'sleep 30', '--', t, MARKER];
       await ctx.supervisor.launch({ id: 'kept', command: PERL, args, ready: () => true });
       await ctx.supervisor.stop('kept', { graceMs: 2000 });
-      const brief = (t: string) => ['-e', 'sleep 0.1', '--', t, MARKER];
+      // It exits once launched (the gate file appears), not after a sleep a loaded machine outruns before confirm.
+      const gate = join(tmpdir(), `custody-events-gate-${process.pid}-${Date.now()}`);
+      const brief = (t: string) => ['-e', 'select(undef, undef, undef, 0.02) until -e $ARGV[2]', '--', t, MARKER, gate];
       await ctx.supervisor.launch({ id: 'brief', command: PERL, args: brief });
+      writeFileSync(gate, '');
+      cleanupGate = () => rmSync(gate, { force: true });
       await waitFor(() => ctx.events.some((e) => e.type === 'exit' && e.id === 'brief'), 10_000, 'the exit event');
       const types = new Set(ctx.events.map((e) => e.type));
       expect([...types].sort()).toEqual(
@@ -170,6 +178,7 @@ describe('event types', () => {
       const stop = ctx.events.find((e): e is CustodyEventOf<'stop'> => e.type === 'stop');
       expect(stop).toMatchObject({ id: 'kept', outcome: 'exited', escalated: false, signal: 'SIGTERM' });
     } finally {
+      cleanupGate();
       await ctx.dispose();
     }
   });

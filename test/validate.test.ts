@@ -64,7 +64,9 @@ describe(`validate (${backend.name})`, () => {
     expect(() => assertCwd(undefined)).not.toThrow();
     expect(() => assertDuration(0, 'graceMs')).not.toThrow();
     for (const bad of [-1, Number.POSITIVE_INFINITY, Number.NaN, '5'])
-      expect(() => assertDuration(bad, 'graceMs')).toThrow(invalid(/^graceMs must be a finite number/));
+      expect(() => assertDuration(bad, 'graceMs')).toThrow(
+        invalid(/^graceMs must be an integer number of milliseconds from 0 to 2147483647, got /),
+      );
     // What a message shows of a value: bounded, and never the value's own toString.
     expect(describeValue('x'.repeat(100))).toBe(JSON.stringify(`${'x'.repeat(64)}…`));
     expect(describeValue({ toString: () => 'forged' })).toBe('object');

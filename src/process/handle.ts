@@ -25,7 +25,9 @@ import { TIMED_OUT, within } from '../timing.js';
 import type { ExitStatus, ProcessIdentity } from '../types.js';
 import { assertCwd, assertEnv, assertFlag, assertPid, assertStringArray } from '../validate.js';
 
-export { exitHeld, holdExit, ProcessHandle, releaseExit } from './pin.js';
+export { ProcessHandle } from './pin.js';
+/** @internal The exit hold, for this package's own modules (stripped from the published types, as in pin.ts). */
+export { exitHeld, holdExit, releaseExit } from './pin.js';
 
 /**
  * Opens a handle on an existing process. With `expected`, the live process

@@ -12,7 +12,6 @@
 import { closeSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
-import type { PidRef } from '../backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
 import { exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
@@ -20,7 +19,7 @@ import { callHook } from './hooks.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import type { NotifyChannel } from './notify.js';
-import { ENVIRON_MAX_BYTES, TOKEN_VAR, type Claim, type EnvironReader, type TokenMode } from '../process/ownership.js';
+import { TOKEN_VAR, type Claim, type TokenMode } from '../process/ownership.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
 import type { ExitStatus, ProcessIdentity } from '../types.js';
 import { describe, pidMax } from '../validate.js';
@@ -160,11 +159,6 @@ export function claimOf(a: Attempt): Claim {
     // MainPID): only the child and what it forks are known to be inside.
     cgroup: a.cgroup && typeof a.pidSpec !== 'function' ? a.cgroup.node : null,
   };
-}
-
-/** Reads a pinned process's environment for an env-mode judgement (syscalls stay in the backend). */
-export function environOf(ref: PidRef): EnvironReader {
-  return () => backend.readEnviron(ref, ENVIRON_MAX_BYTES);
 }
 
 export interface Attempt {

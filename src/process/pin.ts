@@ -15,7 +15,7 @@
  */
 import type { Readable, Writable } from 'node:stream';
 import { backend } from '../backend/index.js';
-import type { PidRef } from '../backend/types.js';
+import type { PidRef, RawIdentity } from '../backend/types.js';
 import { NotAProcessError } from '../errors.js';
 import { isNoProcess, toIdentity } from './identity.js';
 import { ENVIRON_MAX_BYTES, type EnvironReader } from './ownership.js';
@@ -167,11 +167,20 @@ export function pin(pid: number, options: PinOptions = {}): Pinned | null {
     if (isNoProcess(err)) return null;
     throw err;
   }
-  const { raw, ref } = pinned;
-  const identity = toIdentity(pid, raw, backend.bootId());
-  return {
-    identity,
-    handle: new ProcessHandle(ref, { identity }),
-    environ: () => backend.readEnviron(ref, ENVIRON_MAX_BYTES),
-  };
+  return pinnedFrom(pid, pinned);
+}
+
+/** The Pinned for a pin the backend took (one by one, or ahead in a batch); the pin is closed if its identity cannot be made. */
+export function pinnedFrom(pid: number, { raw, ref }: { raw: RawIdentity; ref: PidRef }): Pinned {
+  try {
+    const identity = toIdentity(pid, raw, backend.bootId());
+    return {
+      identity,
+      handle: new ProcessHandle(ref, { identity }),
+      environ: () => backend.readEnviron(ref, ENVIRON_MAX_BYTES),
+    };
+  } catch (err) {
+    ref.close();
+    throw err;
+  }
 }

@@ -6,33 +6,14 @@
  */
 import { backend } from '../backend/index.js';
 import type { PidRef, RawIdentity } from '../backend/types.js';
-import { environOf } from '../lifecycle/launch.js';
-import { ProcessHandle } from '../process/handle.js';
-import { isNoProcess, toIdentity } from '../process/identity.js';
-import type { ProcessIdentity } from '../types.js';
+import { isNoProcess } from '../process/identity.js';
+import { pin as pinProcess, type Pinned, pinnedFrom } from '../process/pin.js';
 
-/** A process read under a pin; `environ` reads its environment under the same pin. */
-export type Pinned = { identity: ProcessIdentity; handle: ProcessHandle; environ: () => Buffer };
+export type { Pinned } from '../process/pin.js';
 
+/** Recovery's pin: the one pin(), reaping a zombie child of ours (what an exited launch left). */
 export function pin(pid: number): Pinned | null {
-  let pinned: { raw: RawIdentity; ref: PidRef };
-  try {
-    pinned = backend.inspectPinned(pid, { reapIfChild: true });
-  } catch (err) {
-    if (isNoProcess(err)) return null;
-    throw err;
-  }
-  return pinnedOf(pid, pinned);
-}
-
-function pinnedOf(pid: number, { raw, ref }: { raw: RawIdentity; ref: PidRef }): Pinned {
-  try {
-    const identity = toIdentity(pid, raw, backend.bootId());
-    return { identity, handle: new ProcessHandle(ref, { identity }), environ: environOf(ref) };
-  } catch (err) {
-    ref.close();
-    throw err;
-  }
+  return pinProcess(pid, { reapIfChild: true });
 }
 
 /** Whether a pinned process has not been reaped: signal 0 through its pin; EPERM (another uid's) proves it is there. */
@@ -102,7 +83,7 @@ export class PinsAhead {
       r.ref.close();
       return pin(pid);
     }
-    return pinnedOf(pid, r);
+    return pinnedFrom(pid, r);
   }
 
   /** Releases every pin not taken, once its batch is in. */

@@ -12,9 +12,6 @@ import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { MARKER, waitFor } from '../helpers/procs.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
-// Loaded once before the leak check's first look: the addon keeps fds of its own (its /dev/null) for the
-// life of the process, which the js backend's worker would otherwise first open inside a test.
-const firstLoad = loadAddon();
 
 /** Runs loadAddon() with CUSTODY_ADDON_PATH set to `value` (undefined: unset), restoring it after. */
 function loadWith(value: string | undefined) {
@@ -28,6 +25,13 @@ function loadWith(value: string | undefined) {
     else process.env.CUSTODY_ADDON_PATH = before;
   }
 }
+
+// Loaded once before the leak check's first look: the addon keeps fds of its own (its /dev/null) for the
+// life of the process, which the js backend's worker would otherwise first open inside a test. The one the
+// package root gives is loaded too: where CUSTODY_ADDON_PATH names another build (the sanitizer's), the
+// first test loads that second copy, with fds of its own.
+const firstLoad = loadAddon();
+loadWith(undefined);
 
 describe(`the addon (${backend.name})`, () => {
   it('is found from the package root, and a missing or disabled one is a reason, not a throw', () => {

@@ -64,6 +64,18 @@ const fakeVm = (root: string) => {
   };
 };
 
+/** The pid of the SIGTERM-ignoring child the forking instance wrote under root, ended by pid after the test. */
+async function forkedChild(root: string): Promise<number> {
+  const childPidFile = join(root, 'child.pid');
+  const child = await waitFor(
+    () => (existsSync(childPidFile) ? Number(readFileSync(childPidFile, 'utf8')) || null : null),
+    5000,
+    'the child',
+  );
+  cleanups.push(() => endOwn([child]));
+  return child;
+}
+
 describe(`a starting manifest with the confirmed identity (${backend.name})`, () => {
   it('is adopted as a running one is, rewritten as running (version 3), its process alive and untouched', async () => {
     const s = await launchedThenClosed(fakeVm);
@@ -145,13 +157,7 @@ describe(`a stopping manifest: the stop a crash cut off is finished (${backend.n
     it(`${withCgroup ? 'with' : 'without'} an instance cgroup: the SIGTERM-ignoring child is ended, reported cleaned (stopped), nothing left`, async (t) => {
       t.skip(withCgroup && !!CGROUP_SKIP, CGROUP_SKIP ?? '');
       const s = await launchedThenClosed(forking, withCgroup ? { cgroup: { root: CGROUP_ROOT } } : {});
-      const childPidFile = join(s.root, 'child.pid');
-      const child = await waitFor(
-        () => (existsSync(childPidFile) ? Number(readFileSync(childPidFile, 'utf8')) || null : null),
-        5000,
-        'the child',
-      );
-      cleanups.push(() => endOwn([child]));
+      const child = await forkedChild(s.root);
       const m = s.read();
       // As a crashed stop leaves it: stopping written, then the main SIGKILLed, then the crash.
       s.write({ ...m, state: 'stopping', stoppingSince: new Date().toISOString() });
@@ -177,13 +183,7 @@ describe(`a stopping manifest: the stop a crash cut off is finished (${backend.n
 
   it('whose main process is alive and proven: it is ended with its child', async () => {
     const s = await launchedThenClosed(forking);
-    const childPidFile = join(s.root, 'child.pid');
-    const child = await waitFor(
-      () => (existsSync(childPidFile) ? Number(readFileSync(childPidFile, 'utf8')) || null : null),
-      5000,
-      'the child',
-    );
-    cleanups.push(() => endOwn([child]));
+    const child = await forkedChild(s.root);
     s.write({ ...s.read(), state: 'stopping', stoppingSince: new Date().toISOString() });
     const { report } = await s.reopen();
     expect(report.cleaned).toEqual([{ id: 'vm', pid: s.inst.pid, reason: 'stopped' }]);

@@ -54,6 +54,17 @@ export function procStat(pid: number): string[] | null {
   }
 }
 
+/** Whether `pid` has a handler installed for `signal` (its SigCgt mask): a test that signals a process whose
+ * handler is not yet installed tests the default action instead. */
+export function catchesSignal(pid: number, signal: number): boolean {
+  try {
+    const line = readFileSync(`/proc/${pid}/status`, 'utf8').match(/^SigCgt:\s*([0-9a-f]+)$/m);
+    return line !== null && ((BigInt(`0x${line[1]}`) >> BigInt(signal - 1)) & 1n) === 1n;
+  } catch {
+    return false;
+  }
+}
+
 export function isGone(pid: number): boolean {
   const st = procStat(pid);
   return st === null || st[0] === 'Z';

@@ -8,7 +8,7 @@ import { backend } from '../../src/backend/index.js';
 import { descendants, spawn, terminateTree } from '../../src/index.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';
-import { isGone, killOwn, MARKER, waitFor } from '../helpers/procs.js';
+import { catchesSignal, isGone, killOwn, MARKER, waitFor } from '../helpers/procs.js';
 import { PERL } from '../helpers/supervisor.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
@@ -35,6 +35,7 @@ describe(`process trees (${backend.name})`, () => {
     const bystander = spawn(PERL, ['-e', 'sleep 60', '--', 'bystander', MARKER]);
     cleanups.push(() => bystander.close());
     await waitFor(() => byName('bystander'), 5000, 'the bystander');
+    await waitFor(() => catchesSignal(root.pid, 15), 5000, "the root's SIGTERM handler");
     const escalations: number[] = [];
     const r = await terminateTree(root, { graceMs: 1000, onEscalate: ({ pid }) => escalations.push(pid) });
     expect(r).toMatchObject({ outcome: 'exited', escalated: true });

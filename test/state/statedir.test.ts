@@ -53,8 +53,9 @@ const EMPTY_REPORT = { adopted: [], repaired: [], cleaned: [], quarantined: [], 
  * A process for a manifest to name, spawned by custody: it reaps its own
  * children whoever adopts them later, as it would after a restart.
  */
+/** A sleeper in a session of its own, as every instance custody launched has been (its sid is its pid, never 0). */
 const perlSleeper = (args: string[]): ProcessHandle => {
-  const h = spawn(PERL, ['-e', 'sleep 300', ...args], { stdio: 'ignore' });
+  const h = spawn(PERL, ['-e', 'sleep 300', ...args], { stdio: 'ignore', detached: true });
   cleanups.push(async () => {
     h.signal('SIGKILL');
     await h.exited;

@@ -283,7 +283,7 @@ export class DeferredError extends CustodyError {
   constructor(id: string, cause?: unknown) {
     super(
       'ERR_CUSTODY_DEFERRED',
-      `instance ${id} is deferred: recovery could not decide it yet; call recover() again`,
+      `instance ${id} is deferred: recovery could not decide it yet; the supervisor looks again on its own (recover() looks now)`,
       { cause },
     );
     this.id = id;

@@ -13,8 +13,9 @@ import { InstanceLogs } from './state/logs.js';
 import type { Instance, LaunchSpec } from './lifecycle/launch.js';
 import type { NotifyChannel } from './lifecycle/notify.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
+import { DeferredRetry } from './recovery/retry.js';
 import type { InstanceSummary, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
-import { validateStopOptions, validateSupervisorOptions } from './options.js';
+import { holdsLoop, validateStopOptions, validateSupervisorOptions } from './options.js';
 import { assertEntryName, assertId, type Manifest } from './state/manifest.js';
 import { StateStore } from './state/store.js';
 import { sweep, validateSweep, type SweepOptions, type SweepResult } from './process/sweep.js';
@@ -80,6 +81,8 @@ export class Supervisor {
   #notifiers = new Set<NotifyChannel>();
   /** What the lifecycle modules see of this supervisor. */
   readonly #host: LifecycleHost;
+  /** Deferred ids are looked at again by the supervisor itself, with a doubling wait. */
+  readonly #retry: DeferredRetry;
 
   private constructor(options: SupervisorOptions, store: StateStore, emit: Emit) {
     this.#options = options;
@@ -113,6 +116,15 @@ export class Supervisor {
       reap: () => this.#reap(),
       holdExitOf: (t: Running) => holdExitOf(this.#host, t),
     };
+    this.#retry = new DeferredRetry({
+      pending: () => [...this.#table.values()].some((t) => t.status === 'deferred'),
+      recover: () => (this.#closed ? Promise.resolve() : this.recover()),
+      failed: (err, nextMs) =>
+        emit('warning', {
+          message: `recovery of the deferred instances failed (${err.message}); the supervisor tries again in ${nextMs / 1000} s`,
+        }),
+      ref: holdsLoop(options),
+    });
   }
 
   /**
@@ -181,6 +193,7 @@ export class Supervisor {
         // The state dir unlistable now: the deferrals stay for the next recover().
       } finally {
         release();
+        this.#retry.poke();
       }
     };
     return recover({
@@ -256,7 +269,8 @@ export class Supervisor {
         'ERR_CUSTODY_BUSY',
         `instance ${spec.id} is being recovered; launch it once recover() is done`,
       );
-    return launchInstance(this.#host, spec);
+    // A launch whose abandon could not end everything leaves its id deferred.
+    return launchInstance(this.#host, spec).finally(() => this.#retry.poke());
   }
 
   /**
@@ -461,6 +475,7 @@ export class Supervisor {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    this.#retry.close();
     this.#stopSweeps?.();
     while (this.#pending.size) await Promise.allSettled([...this.#pending]);
     // After the launches in flight: one that completed meanwhile kept its socket too.
@@ -472,6 +487,7 @@ export class Supervisor {
 
   /** Lets go of what this supervisor holds: the subreaper reference, the fd reserve, the pins, the cgroup root, the lock. */
   #letGo(): void {
+    this.#retry.close();
     if (this.#subreaper) {
       this.#subreaper = false;
       removeReaperSource(this.#sessions);

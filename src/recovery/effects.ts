@@ -131,7 +131,7 @@ export class RecoveryEffects {
     this.emit('warning', {
       id,
       reason: entry.reason,
-      message: `${id}: recovery deferred (${error.message}); call recover() again`,
+      message: `${id}: recovery deferred (${error.message}); the supervisor looks again on its own, 1 s on and doubling to 60 s (recover() looks now)`,
     });
   }
 

@@ -4,7 +4,9 @@
 // holds it at the entry of its execve for a set time, in a PID namespace
 // whose init reaps orphans. Recovery must wait for it and adopt what it
 // becomes (1.5 s, within the 3 s confirm bound), or defer the launch and
-// leave it untouched (7 s), never clean the state and orphan it.
+// leave it untouched (7 s), never clean the state and orphan it; the
+// supervisor's own retry (1 s on, doubling) then adopts what it became,
+// with nobody calling recover().
 import { execFileSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
@@ -44,8 +46,11 @@ describe(`a supervisor killed before its child's exec (${backend.name})`, () => 
         quarantined: 0,
         deferred: ['EAGAIN'],
         forkAfterOpen: 'alive',
-        adoptedLater: [{ pid: past.fork, reason: 'starting' }],
+        adoptedLater: [{ pid: past.fork }],
+        statusLater: 'running',
       });
+      // No retry comes sooner than a second after the deferral (made just before open() resolved).
+      expect(past.adoptedLaterAfterMs).toBeGreaterThanOrEqual(950);
       expect(r.orphans).toEqual([]);
       expect(r.zombies).toBe(0);
       expect(r.staleManifests).toEqual([]);

@@ -89,6 +89,12 @@ export type AdoptEvent = InstanceEvent<'adopt'>;
 /** Recovery re-proved a process whose recorded `field` disagreed, and rewrote its manifest. */
 export interface RepairEvent extends InstanceEvent<'repair'> {
   field: string;
+  /**
+   * 'renamed': the kernel proves it the very process launched (its pidfs id,
+   * or its instance cgroup) and it rewrote its own title; 'mismatch': re-proved
+   * by its token and declared paths.
+   */
+  reason: 'renamed' | 'mismatch';
 }
 /** State of an instance that is over was removed (recovery), or its old logs were (nobody signalled). */
 export interface CleanEvent extends EventBase<'clean'> {

@@ -35,6 +35,7 @@ import {
 } from './launch.js';
 import { openNotify } from './notify-launch.js';
 import { waitReady } from './ready.js';
+import { settle } from './settle.js';
 import { removeState } from './stop.js';
 
 /** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */
@@ -257,7 +258,7 @@ async function run(
     if (host.closed)
       throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
     const target = confirmedTarget(a);
-    const identity = confirmedIdentity(a);
+    const identity = settledIdentity(host, spec.id, confirmedIdentity(a), child === target);
     // The session is recorded only while the target is in it: stop and recovery then count its members.
     const running: Manifest = {
       ...manifest,
@@ -333,4 +334,29 @@ function logCaps(options: LaunchSpec['logs']): { maxBytes: number; keep: number 
   if (options === false) return null;
   const { maxBytes, keep } = logLimits(options);
   return { maxBytes, keep };
+}
+
+/** The identity the running manifest records: what the target is now, where the kernel proves it the one confirmed. */
+function settledIdentity(
+  host: LifecycleHost,
+  id: string,
+  confirmed: ProcessIdentity,
+  isChild: boolean,
+): ProcessIdentity {
+  const s = settle(confirmed, isChild);
+  const pid = confirmed.pid;
+  if (s.error) {
+    host.emit('warning', {
+      id,
+      pid,
+      message: `${id}: could not look at pid ${pid} again before recording it running (${s.error.message}); the identity confirmed at its exec is recorded`,
+    });
+  } else if (s.changed.length) {
+    host.emit('warning', {
+      id,
+      pid,
+      message: `${id}: pid ${pid} changed its ${s.changed.join(' and ')} since its exec (now uid ${s.identity.uid}, argv ${JSON.stringify(s.identity.argv.join(' ').slice(0, 120))}); recorded as it is now`,
+    });
+  }
+  return s.identity;
 }

@@ -20,7 +20,7 @@ export const LEFTOVER_GRACE_MS = 2000;
 /** Where every manifest ends. */
 export type Outcome =
   | { do: 'adopt'; why: 'verified' | 'unprovable' | 'starting'; rewrite: boolean }
-  | { do: 'repair'; field: string }
+  | { do: 'repair'; field: string; reason: 'mismatch' | 'renamed' }
   | { do: 'clean'; reason: 'gone' | 'rebooted' | 'incomplete' | 'stopped'; graceMs: number }
   | { do: 'quarantine'; reason: string; field?: string; persist: boolean }
   | { do: 'defer'; error: Error };
@@ -92,11 +92,18 @@ export interface RunningFacts {
   judgement?: Judgement;
   /** The live process's argv (with the judgement). */
   liveArgv?: string[];
+  /**
+   * Whether the kernel says the live process is the very one recorded: its
+   * pidfs id (unique per boot) equals the recorded one. Read with the verdict.
+   */
+  samePidfsId?: boolean;
 }
 
 export type RunningStep = Outcome | { do: 'read'; what: 'process' | 'cgroup' | 'ownership' };
 
 const MISMATCH = new Set(['token', 'expect', 'exe', 'cgroup']);
+/** What a program that rewrites its title (redis, a re-exec on reload) may lose of the marks it was launched with. */
+const TITLE_MARKS = new Set(['token', 'expect', 'argv']);
 const PID_REJECTION = new Set(['init', 'self', 'ancestor']);
 
 /** A running manifest: adopted, repaired, cleaned or quarantined, or the next fact to read. */
@@ -126,7 +133,18 @@ export function decideRunning(f: RunningFacts): RunningStep {
   // not us or an ancestor).
   const j = f.judgement;
   if (!j) return { do: 'read', what: 'ownership' };
-  if (!j.ours) {
+  // The very process launched, by the kernel's word (its pidfs id, or its
+  // instance cgroup, which nothing outside can join), under a title of its
+  // own making: renamed, not a stranger. Where only start ticks match, a
+  // title is not enough and the token and paths must re-prove it (below).
+  const kernelProof = f.samePidfsId === true || (f.cgroup === 'same' && (j.ours || j.why !== 'cgroup'));
+  // Its title may lack the token for good once renamed (and recorded so): the same proof takes it, for a
+  // title only (another executable is no rename).
+  const titleOnly = v.verdict === 'ok' || v.field === 'argv';
+  const renamed = !j.ours && kernelProof && titleOnly && TITLE_MARKS.has(j.why);
+  if ((j.ours || renamed) && kernelProof && v.verdict === 'mismatch' && v.field === 'argv')
+    return { do: 'repair', field: 'argv', reason: 'renamed' };
+  if (!j.ours && !renamed) {
     // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
     const reason = MISMATCH.has(j.why) ? 'mismatch' : 'unprovable';
     const field =
@@ -142,7 +160,7 @@ export function decideRunning(f: RunningFacts): RunningStep {
   // ticks are never repaired.
   const argv = f.liveArgv ?? [];
   if (!f.paths.every((p) => argv.some((a) => a.includes(p)))) return quarantined('mismatch', v.field, true);
-  return { do: 'repair', field: v.field ?? 'argv' };
+  return { do: 'repair', field: v.field ?? 'argv', reason: 'mismatch' };
 }
 
 /** What is known so far of an interrupted launch. */

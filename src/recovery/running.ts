@@ -53,6 +53,8 @@ export class RecordedProcess {
     if (what === 'process') {
       this.live = await pinRecorded(this.#ahead, m.identity.pid);
       f.verdict = verify(m.identity, this.live?.identity ?? null);
+      const recorded = m.identity.pidfsId;
+      f.samePidfsId = recorded != null && this.live?.identity.pidfsId === recorded;
     } else if (what === 'cgroup') {
       const c = this.#fx.cgroupOf(m);
       this.cgroup = c === 'gone' ? null : c;
@@ -60,8 +62,11 @@ export class RecordedProcess {
     } else {
       const live = this.live;
       if (!live) throw new Error(`recovery of ${m.id}: ownership asked for without a live process`);
-      // The recorded identity is the launch's own record of the pid: as good as a pid it was handed.
-      f.judgement = judge(recordedClaim(m, this.cgroup?.node ?? null), live.identity, undefined, true, live.environ);
+      // The recorded identity is the launch's own record of the pid: as good as a pid it was handed. The very
+      // process (by its pidfs id) may run as the uid recorded when it was running (a daemon that dropped to it).
+      const claim = recordedClaim(m, this.cgroup?.node ?? null);
+      if (f.samePidfsId && claim.uid === null && live.identity.uid === m.identity.uid) claim.uid = m.identity.uid;
+      f.judgement = judge(claim, live.identity, undefined, true, live.environ);
       f.liveArgv = live.identity.argv;
     }
   }
@@ -132,12 +137,16 @@ async function keep(
   };
   await fx.store.write(repaired);
   fx.host.adopt(repaired, live.handle, cg);
-  fx.report.repaired.push({ id, pid, reason: 'mismatch', field: o.field });
+  fx.report.repaired.push({ id, pid, reason: o.reason, field: o.field });
   fx.emit('repair', {
     id,
     pid,
     field: o.field,
-    message: `${id}: recorded ${o.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
+    reason: o.reason,
+    message:
+      o.reason === 'renamed'
+        ? `${id}: pid ${pid} rewrote its ${o.field} (now ${JSON.stringify(live.identity.argv.join(' ').slice(0, 120))}); the kernel proves it is the process launched, so the record is rewritten`
+        : `${id}: recorded ${o.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
   });
 }
 

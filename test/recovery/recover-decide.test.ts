@@ -146,6 +146,8 @@ describe('decideRunning', () => {
   });
   const ok = { verdict: 'ok' } as const;
   const ours = { ours: true, by: 'token' } as const;
+  const noToken = { ours: false, why: 'token' } as const;
+  const argvMismatch = { verdict: 'mismatch', field: 'argv' } as const;
   const cases: Array<[string, Partial<RunningFacts>, unknown]> = [
     ['our own pid is never it', { pid: 99 }, { do: 'quarantine', reason: 'unprovable', field: 'pid' }],
     ['nothing read yet: the process first', {}, { do: 'read', what: 'process' }],
@@ -216,11 +218,46 @@ describe('decideRunning', () => {
         judgement: ours,
         liveArgv: ['qemu', '-qmp', 'unix:/run/vm.sock'],
       },
-      { do: 'repair', field: 'argv' },
+      { do: 'repair', field: 'argv', reason: 'mismatch' },
     ],
     [
       'an argv mismatch without the declared paths: quarantined',
       { verdict: { verdict: 'mismatch', field: 'argv' }, cgroup: 'none', judgement: ours, liveArgv: ['qemu'] },
+      { do: 'quarantine', reason: 'mismatch', field: 'argv' },
+    ],
+    [
+      'a new title without the token or the paths, the pidfs id the same: renamed',
+      { verdict: argvMismatch, samePidfsId: true, cgroup: 'none', judgement: noToken, liveArgv: ['redis *:0'] },
+      { do: 'repair', field: 'argv', reason: 'renamed' },
+    ],
+    [
+      'a new title without the token, in its instance cgroup: renamed',
+      { verdict: argvMismatch, cgroup: 'same', judgement: noToken, liveArgv: ['redis *:0'] },
+      { do: 'repair', field: 'argv', reason: 'renamed' },
+    ],
+    [
+      'a new title, the pidfs id the same, carrying the token: renamed, the paths not needed',
+      { verdict: argvMismatch, samePidfsId: true, cgroup: 'none', judgement: ours, liveArgv: ['qemu'] },
+      { do: 'repair', field: 'argv', reason: 'renamed' },
+    ],
+    [
+      'a title recorded once renamed, without the token, the pidfs id the same: adopted',
+      { verdict: ok, samePidfsId: true, cgroup: 'none', judgement: noToken },
+      { do: 'adopt', why: 'verified' },
+    ],
+    [
+      'the same pidfs id under another executable without the token: no rename, a mismatch',
+      { verdict: { verdict: 'mismatch', field: 'exe' }, samePidfsId: true, cgroup: 'none', judgement: noToken },
+      { do: 'quarantine', reason: 'mismatch', field: 'exe' },
+    ],
+    [
+      'the same pidfs id, another uid than recorded: not a title, still unprovable',
+      { verdict: argvMismatch, samePidfsId: true, cgroup: 'none', judgement: { ours: false, why: 'uid' } },
+      { do: 'quarantine', reason: 'unprovable', field: 'uid' },
+    ],
+    [
+      'start ticks alone and a title without the token: the older rule, a mismatch',
+      { verdict: argvMismatch, samePidfsId: false, cgroup: 'none', judgement: noToken },
       { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
   ];

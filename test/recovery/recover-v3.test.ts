@@ -126,7 +126,8 @@ describe(`a starting manifest with the confirmed identity (${backend.name})`, ()
   it('whose recorded argv differs and cannot be re-proved by its declared paths is quarantined (mismatch), never signalled', async () => {
     const s = await launchedThenClosed(fakeVm);
     const m = s.read();
-    const identity = { ...m.identity, argv: [...m.identity.argv, '--another'] };
+    // Recorded without a pidfs id (a kernel before 6.9): start ticks alone cannot prove a title it changed.
+    const identity = { ...m.identity, argv: [...m.identity.argv, '--another'], pidfsId: null };
     s.write({ ...m, state: 'starting', identity, paths: [...m.paths, join(s.root, 'not-in-argv.sock')] });
     const { supervisor, report } = await s.reopen();
     expect(report.quarantined).toEqual([{ id: 'vm', pid: s.inst.pid, reason: 'mismatch', field: 'argv' }]);

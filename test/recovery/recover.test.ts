@@ -162,10 +162,11 @@ describe(`recovery (${backend.name})`, () => {
     const f = s.read('fixable');
     s.write('fixable', { ...f, identity: { ...f.identity, argv: ['qemu-old-argv'], exe: { dev: 1, ino: 2 } } });
     const u = s.read('unprovable');
+    // Recorded without a pidfs id (a kernel before 6.9): start ticks alone cannot prove a title it changed.
     s.write('unprovable', {
       ...u,
       paths: [...u.paths, '/run/not-in-its-argv.sock'],
-      identity: { ...u.identity, argv: ['other'] },
+      identity: { ...u.identity, argv: ['other'], pidfsId: null },
     });
     const { report, events, supervisor } = await s.reopen();
     expect(report.repaired).toEqual([{ id: 'fixable', pid: s.pids.fixable!, reason: 'mismatch', field: 'exe' }]);

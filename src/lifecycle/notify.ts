@@ -18,11 +18,16 @@
  *   marks, as a pid a launcher reports would (re-confirmed, and recorded
  *   from that inspection). The channel hands it to the launch
  *   (NotifyLaunch.handOff), which alone writes what its target is.
- * Everything else is ignored. Once ready, the socket stays while the target
- * runs and this supervisor watches it (STATUS= keeps coming as status
- * events; MAINPID= is no longer followed); a supervisor that adopts the
- * instance after a restart does not bind it again, so notifications then go
- * nowhere (sd_notify reports an error the daemon may ignore).
+ * Everything else is ignored. So is a datagram whose control data did not
+ * fit (MSG_CTRUNC: more fds than the few a barrier passes), whoever sent it;
+ * custody keeps no fd a datagram brings (it has no FDSTORE), each is closed
+ * once its datagram is handled (native/notify.cc).
+ *
+ * Once ready, the socket stays while the target runs and this supervisor
+ * watches it (STATUS= keeps coming as status events; MAINPID= is no longer
+ * followed); a supervisor that adopts the instance after a restart does not
+ * bind it again, so notifications then go nowhere (sd_notify reports an
+ * error the daemon may ignore).
  */
 import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
@@ -133,7 +138,7 @@ export class NotifyChannel {
     this.#launch = launch;
     this.#emit = emit;
     const name = `custody/notify/${randomBytes(16).toString('hex')}`;
-    this.#listener = backend.openNotify(name, (batch, error) => this.#onBatch(batch, error));
+    this.#listener = backend.openNotify(name, (d, error) => this.#receive(d, error));
     this.address = this.#listener.address;
   }
 
@@ -142,8 +147,8 @@ export class NotifyChannel {
     return new NotifyChannel(launch, emit);
   }
 
-  #onBatch(batch: NotifyDatagram[], error: Error | null): void {
-    for (const d of batch) this.#take(d, this.#launch.target() === null);
+  #receive(d: NotifyDatagram | null, error: Error | null): void {
+    if (d) this.#take(d, this.#launch.target() === null);
     if (error) this.#error ??= error;
     this.#wake?.();
   }
@@ -164,6 +169,12 @@ export class NotifyChannel {
   /** Returns true when the datagram was deferred (its sender stays pinned). */
   #onDatagram(d: NotifyDatagram, mayDefer: boolean): boolean {
     if (this.#closed) return false;
+    // custody takes no fds (no FDSTORE): more than a barrier's few means the kernel dropped some of what
+    // was sent, so the datagram is not the one its sender wrote, whoever that is.
+    if (d.controlTruncated) {
+      this.#ignore(d.pid, `a datagram with more fds than a notification passes (${d.fds} arrived and were closed)`);
+      return false;
+    }
     if (d.truncated) {
       this.#ignore(d.pid, 'a notification longer than 4096 bytes');
       return false;

@@ -10,8 +10,8 @@ import { backend } from '../../src/backend/index.js';
 import type { CustodyEvent } from '../../src/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { isGone, isRoot, killAndWait, MARKER, waitFor } from '../helpers/procs.js';
-import { daemonOf, launchHeld } from '../helpers/notify.js';
-import { openSupervisor } from '../helpers/supervisor.js';
+import { DAEMON, daemonOf, launchHeld } from '../helpers/notify.js';
+import { openSupervisor, PYTHON } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 
@@ -116,4 +116,79 @@ describe.runIf(native)('ready: notify under a flood (native)', () => {
     },
     60_000,
   );
+
+  /**
+   * A launch whose target is known only once its launcher exits (a pidfile): until then its daemon, which
+   * called setsid, cannot be proven, so what it sends is held. The launcher exits once `until` exists.
+   * `inTree`: the daemon's parent (a subshell that waits for it) stays, so it descends from the launcher.
+   */
+  function pidfileLaunch(id: string, inTree: boolean, until: string, daemonArgs: string[]) {
+    const pidfile = join(ctx.root, `${id}.pid`);
+    const start = inTree
+      ? '(setsid "$0" "$@" & echo $! > "$PIDFILE"; wait) &'
+      : '(setsid "$0" "$@" & echo $! > "$PIDFILE");';
+    const hold = 'i=0; while [ ! -e "$UNTIL" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done';
+    let token = '';
+    const launching = ctx.supervisor.launch({
+      id,
+      command: '/bin/sh',
+      args: (t) => {
+        token = t;
+        return ['-c', `${start} ${hold}`, PYTHON, DAEMON, MARKER, t, '--delay', '0', '--lifetime', '30', ...daemonArgs];
+      },
+      env: { ...process.env, PIDFILE: pidfile, UNTIL: until },
+      pid: { file: pidfile },
+      ready: 'notify',
+      readyTimeoutMs: 20_000,
+    });
+    return { launching, token: () => token };
+  }
+
+  /**
+   * A same-uid stranger sends 100 READY=1, `release()` lets the launch go on, and the launch must be the
+   * daemon's, nothing it sent dropped. The stranger's drops are waited for first (at least `drops`).
+   */
+  async function strangerFloods(
+    launching: Promise<{ pid: number }>,
+    address: string,
+    daemon: number,
+    drops: number,
+    release: () => void,
+  ) {
+    const stranger = flood([], PYTHON, address, 'READY=1', 100, 0);
+    try {
+      await floodDone(stranger);
+      await waitFor(() => warningsFrom(ctx.events, stranger.pid).length >= drops, 10_000, 'the strangers dropped');
+      release();
+      expect((await launching).pid).toBe(daemon);
+      expect(warningsFrom(ctx.events, daemon)).toEqual([]);
+      return warningsFrom(ctx.events, stranger.pid);
+    } finally {
+      await killAndWait(stranger);
+    }
+  }
+
+  it("a same-uid stranger's 100 READY=1 before the daemon's own, all held for the target: the daemon's counts", async () => {
+    ctx = await openSupervisor();
+    const [go, sent] = [join(ctx.root, 'go'), join(ctx.root, 'sent')];
+    const { launching, token } = pidfileLaunch('early', false, sent, ['--wait-file', go, '--sent-file', sent]);
+    const { daemon, address } = await daemonOf(token);
+    // Past the held slots, the oldest strangers' are dropped (the first few with a warning); then the daemon's.
+    const dropped = await strangerFloods(launching, address, daemon.pid, 5, () => writeFileSync(go, ''));
+    expect(dropped[0]).toMatch(/oldest of too many from processes outside the launch/);
+    await ctx.supervisor.stop('early', { graceMs: 2000 });
+    expect(isGone(daemon.pid)).toBe(true);
+  }, 60_000);
+
+  it("the daemon's READY=1, from a descendant of the launcher, is kept through a stranger's 100 after it", async () => {
+    ctx = await openSupervisor();
+    const [go, sent] = [join(ctx.root, 'go'), join(ctx.root, 'sent')];
+    const { launching, token } = pidfileLaunch('tree', true, go, ['--sent-file', sent]);
+    const { daemon, address } = await daemonOf(token);
+    await waitFor(() => existsSync(sent), 10_000, "the daemon's READY=1");
+    // The first drop is a stranger's: past the held slots the strangers' oldest go, never the daemon's older one.
+    await strangerFloods(launching, address, daemon.pid, 1, () => writeFileSync(go, ''));
+    await ctx.supervisor.stop('tree', { graceMs: 2000 });
+    expect(isGone(daemon.pid)).toBe(true);
+  }, 60_000);
 });

@@ -9,6 +9,7 @@
 #include <sys/un.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 // SO_PASSPIDFD / SCM_PIDFD (Linux 6.5): the kernel attaches a pidfd on the
@@ -46,9 +47,13 @@ constexpr size_t kMaxMessage = 4096;
 // Datagrams read per wake-up, so a flood cannot hold the loop; the rest wait
 // in the socket's queue for the next turn.
 constexpr int kBatch = 64;
-// SCM_MAX_FD: the most fds one message can carry. They are received only to
-// be closed: a sender must not be able to leak fds into this process.
-constexpr size_t kMaxFds = 253;
+// SCM_RIGHTS fds taken with one datagram. custody keeps none (it implements
+// no FDSTORE); the one fd a notification it reads may carry is
+// sd_notify_barrier(3)'s. Room for SCM_MAX_FD (253) would let any sender make
+// this process hold 253 fds per datagram read. The control buffer has room
+// for this many: recvmsg installs no more, the kernel closes the rest itself
+// (scm_detach_fds) and sets MSG_CTRUNC, which JavaScript is told of.
+constexpr size_t kFdAllowance = 4;
 
 void OnNotifyClosed(uv_handle_t* handle) { delete static_cast<NotifySocket*>(handle->data); }
 
@@ -69,30 +74,46 @@ void StopNotify(NotifySocket* s) {
   uv_close(reinterpret_cast<uv_handle_t*>(&s->poll), OnNotifyClosed);
 }
 
-struct Datagram {
-  std::string data;
-  bool truncated = false;
-  long long pid = 0;
-  long long uid = -1;
-  int pidfd = -1;  // from SCM_PIDFD; -1 when none came, -2 when the kernel could not pin the sender
-};
-
-// Fds that came with SCM_RIGHTS. None is kept, but they are closed only once
-// JavaScript has handled the batch: sd_notify_barrier(3) (BARRIER=1, as
-// systemd-notify sends after its message) waits for that close to know the
-// messages before it were processed, and only then lets its sender exit.
+// Fds that came with one datagram's SCM_RIGHTS. None is kept, but they are
+// closed only once JavaScript has handled that datagram: sd_notify_barrier(3)
+// (BARRIER=1, as systemd-notify sends after its message) waits for that close
+// to know the messages before it were processed, and only then lets its
+// sender exit. Owns at most kFdAllowance fds, one datagram's.
 struct Rights {
-  std::vector<int> fds;
+  int fds[kFdAllowance];
+  size_t count = 0;
+  Rights() = default;
+  Rights(const Rights&) = delete;
+  Rights& operator=(const Rights&) = delete;
   ~Rights() {
-    for (int fd : fds) close(fd);
+    for (size_t i = 0; i < count; i++) close(fds[i]);
   }
 };
 
+struct Datagram {
+  char data[kMaxMessage];
+  size_t size = 0;
+  // MSG_TRUNC: longer than kMaxMessage; its bytes are not handed on.
+  bool truncated = false;
+  // MSG_CTRUNC: more control data than the buffer holds (in practice more
+  // fds than kFdAllowance); the kernel closed the fds that did not fit.
+  bool control_truncated = false;
+  long long pid = 0;
+  long long uid = -1;
+  bool has_pidfd = false;
+  // The SCM_PIDFD value: a pidfd on the sender, or the kernel's negative
+  // errno when it could not make one (the sender is gone, or this process is
+  // out of fds). Only meaningful with has_pidfd.
+  int pidfd = -1;
+  Rights rights;
+};
+
 // Walks the control messages: keeps the credentials and the sender's pidfd,
-// and the SCM_RIGHTS fds, for closing.
-void TakeControl(struct msghdr* msg, Datagram* d, Rights* rights) {
+// and the SCM_RIGHTS fds, for closing. Every length is the kernel's, but is
+// checked against what was asked for before a byte of it is read.
+void TakeControl(struct msghdr* msg, Datagram* d) {
   for (struct cmsghdr* c = CMSG_FIRSTHDR(msg); c != nullptr; c = CMSG_NXTHDR(msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET) continue;
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_len < CMSG_LEN(0)) continue;
     size_t len = c->cmsg_len - CMSG_LEN(0);
     if (c->cmsg_type == SCM_CREDENTIALS && len >= sizeof(struct ucred)) {
       struct ucred cred;
@@ -102,78 +123,84 @@ void TakeControl(struct msghdr* msg, Datagram* d, Rights* rights) {
     } else if (c->cmsg_type == SCM_PIDFD && len >= sizeof(int)) {
       int fd;
       memcpy(&fd, CMSG_DATA(c), sizeof fd);
-      // A negative value is the kernel's error for a sender it could not
-      // pin (gone before we received): no pidfd to close.
-      if (d->pidfd >= 0) {
+      if (d->has_pidfd) {
         if (fd >= 0) close(fd);  // a second one: never sent by the kernel, never kept
       } else {
-        d->pidfd = fd >= 0 ? fd : -2;
+        d->has_pidfd = true;
+        d->pidfd = fd;
       }
     } else if (c->cmsg_type == SCM_RIGHTS) {
       size_t n = len / sizeof(int);
       for (size_t i = 0; i < n; i++) {
         int fd;
         memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        if (fd >= 0) rights->fds.push_back(fd);
+        if (fd < 0) continue;
+        // The buffer holds kFdAllowance: more cannot arrive, but an fd
+        // that has nowhere to go is closed, never dropped open.
+        if (d->rights.count < kFdAllowance) {
+          d->rights.fds[d->rights.count++] = fd;
+        } else {
+          close(fd);
+        }
       }
     }
   }
 }
 
-// Reads up to kBatch datagrams without blocking. Returns 0 (the queue is
-// empty or the batch is full) or the errno of a failed recvmsg.
-int Drain(int fd, std::vector<Datagram>* out, Rights* rights) {
-  char buf[kMaxMessage];
+// Reads one datagram without blocking. Returns 0, EAGAIN when the queue is
+// empty, or the errno of a failed recvmsg.
+int ReceiveOne(int fd, Datagram* d) {
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int)) +
-                                       CMSG_SPACE(sizeof(int) * kMaxFds)];
-  for (int i = 0; i < kBatch; i++) {
-    struct iovec iov = {buf, sizeof buf};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    // MSG_TRUNC: the datagram's real length, to tell a truncated one apart.
-    // MSG_CMSG_CLOEXEC: fds that arrive never leak into a child we spawn.
-    ssize_t n = CUSTODY_RETRY_EINTR(recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC));
-    if (n == -1) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
-    Datagram d;
-    TakeControl(&msg, &d, rights);
-    d.truncated = static_cast<size_t>(n) > sizeof buf || (msg.msg_flags & MSG_TRUNC) != 0;
-    d.data.assign(buf, d.truncated ? 0 : static_cast<size_t>(n));
-    out->push_back(std::move(d));
-  }
+                                       CMSG_SPACE(sizeof(int) * kFdAllowance)];
+  struct iovec iov = {d->data, sizeof d->data};
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  // MSG_TRUNC: the datagram's real length, to tell a truncated one apart.
+  // MSG_CMSG_CLOEXEC: fds that arrive never leak into a child we spawn.
+  ssize_t n = CUSTODY_RETRY_EINTR(recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC));
+  if (n == -1) return errno == EWOULDBLOCK ? EAGAIN : errno;
+  // The control data is walked even when truncated: what did arrive (the
+  // pidfd, the fds that fit) is this process's to close.
+  TakeControl(&msg, d);
+  d->truncated = static_cast<size_t>(n) > sizeof d->data || (msg.msg_flags & MSG_TRUNC) != 0;
+  d->control_truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
+  d->size = d->truncated ? 0 : static_cast<size_t>(n);
   return 0;
 }
 
-// callback(error, batch): batch is flat, five slots a datagram:
-//   [data: Buffer, truncated: boolean, pid, uid, pidfd]
-// pidfd is -1 without SO_PASSPIDFD, -2 when the sender was already gone; a
-// pidfd >= 0 is JavaScript's to close (it is tracked for the env cleanup).
-void OnNotifyReadable(uv_poll_t* handle, int status, int /*events*/) {
-  auto* s = static_cast<NotifySocket*>(handle->data);
-  if (s->closing) return;
-  std::vector<Datagram> batch;
-  Rights rights;  // closed when this function returns, after the callback
-  int err = status < 0 ? -status : Drain(s->fd, &batch, &rights);
+// callback(error, datagram): datagram is null with an error, else
+//   [data: Buffer, truncated: boolean, controlTruncated: boolean, fds, pid, uid, pidfd]
+// fds counts the SCM_RIGHTS fds that arrived (closed here once the callback
+// returns); pidfd is null without SO_PASSPIDFD, else the kernel's value: a
+// pidfd >= 0 is JavaScript's to close (tracked for the env cleanup), a
+// negative one is -errno. Returns false once the socket is closed.
+bool Deliver(NotifySocket* s, int err, Datagram* d) {
   Napi::Env env = s->callback.Env();
   Napi::HandleScope scope(env);
-  Napi::Array flat = Napi::Array::New(env, batch.size() * 5);
-  uint32_t i = 0;
-  for (Datagram& d : batch) {
-    flat.Set(i++, Napi::Buffer<char>::Copy(env, d.data.data(), d.data.size()));
-    flat.Set(i++, Napi::Boolean::New(env, d.truncated));
-    flat.Set(i++, Napi::Number::New(env, static_cast<double>(d.pid)));
-    flat.Set(i++, Napi::Number::New(env, static_cast<double>(d.uid)));
-    flat.Set(i++, Napi::Number::New(env, d.pidfd));
-    if (d.pidfd >= 0) s->data->pidfds.insert(d.pidfd);
+  Napi::Value error = env.Null();
+  Napi::Value value = env.Null();
+  if (err != 0) {
+    error = ErrnoError(env, err, "recvmsg").Value();
+  } else {
+    Napi::Array a = Napi::Array::New(env, 7);
+    a.Set(0u, Napi::Buffer<char>::Copy(env, d->data, d->size));
+    a.Set(1u, Napi::Boolean::New(env, d->truncated));
+    a.Set(2u, Napi::Boolean::New(env, d->control_truncated));
+    a.Set(3u, Napi::Number::New(env, static_cast<double>(d->rights.count)));
+    a.Set(4u, Napi::Number::New(env, static_cast<double>(d->pid)));
+    a.Set(5u, Napi::Number::New(env, static_cast<double>(d->uid)));
+    a.Set(6u, d->has_pidfd ? static_cast<Napi::Value>(Napi::Number::New(env, d->pidfd)) : env.Null());
+    if (d->has_pidfd && d->pidfd >= 0) s->data->pidfds.insert(d->pidfd);
+    value = a;
   }
-  Napi::Value error = err != 0 ? static_cast<Napi::Value>(ErrnoError(env, err, "recvmsg").Value()) : env.Null();
   Napi::Function fn = s->callback.Value();
   s->in_callback = true;
   try {
-    fn.MakeCallback(env.Global(), {error, flat}, *s->context);
+    fn.MakeCallback(env.Global(), {error, value}, *s->context);
   } catch (const Napi::Error& e) {
     napi_fatal_exception(env, e.Value());
   }
@@ -183,6 +210,29 @@ void OnNotifyReadable(uv_poll_t* handle, int status, int /*events*/) {
   if (s->closing) {
     delete s->context;
     s->context = nullptr;
+    return false;
+  }
+  return true;
+}
+
+// One datagram at a time, each handed to JavaScript before the next is read,
+// and its fds closed the moment it is handled: at most kFdAllowance of them
+// are open here at once, however many a flood carries.
+void OnNotifyReadable(uv_poll_t* handle, int status, int /*events*/) {
+  auto* s = static_cast<NotifySocket*>(handle->data);
+  if (s->closing) return;
+  if (status < 0) {
+    Deliver(s, -status, nullptr);
+    return;
+  }
+  // On the heap: kMaxMessage bytes is more than a loop callback's stack should carry.
+  auto d = std::make_unique<Datagram>();
+  for (int i = 0; i < kBatch; i++) {
+    int err = ReceiveOne(s->fd, d.get());
+    if (err == EAGAIN) return;
+    bool open = Deliver(s, err, d.get());
+    if (err != 0 || !open) return;
+    d = std::make_unique<Datagram>();  // closes the fds of the one just handled
   }
 }
 

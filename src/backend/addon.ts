@@ -88,10 +88,16 @@ export interface NativeAddon {
   ): number;
   /** '' where clone3 knows CLONE_INTO_CGROUP, else the errno name it answered. */
   probeCloneIntoCgroup(): string;
-  /** sd_notify's socket (native/notify.cc), bound to an abstract name; batch: [data, truncated, pid, uid, pidfd]... */
+  /**
+   * sd_notify's socket (native/notify.cc), bound to an abstract name; one call per datagram:
+   * [data, truncated, controlTruncated, fds, pid, uid, pidfd (null: none came; negative: -errno)].
+   */
   notifyOpen(
     name: string,
-    callback: (error: NodeJS.ErrnoException | null, batch: Array<Buffer | boolean | number>) => void,
+    callback: (
+      error: NodeJS.ErrnoException | null,
+      datagram: [Buffer, boolean, boolean, number, number, number, number | null] | null,
+    ) => void,
   ): { id: number; passPidfd: boolean };
   notifyClose(id: number): void;
   notifyUnref(id: number): void;

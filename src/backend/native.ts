@@ -8,7 +8,8 @@
  * path (native-spawn.ts) and the reading of the addon's inspection
  * (native-inspect.ts) each have a module of their own.
  */
-import { availableParallelism } from 'node:os';
+import { availableParallelism, constants } from 'node:os';
+import { errnoError, isErrnoCode } from '../errors.js';
 import { PF_KTHREAD } from '../process/proc.js';
 import type { Capabilities } from '../types.js';
 import type { AddonInspect, NativeAddon } from './addon.js';
@@ -30,6 +31,19 @@ import type {
 
 /** At most this many threadpool threads share one argv-first scan (libuv's pool has four by default). */
 const MATCH_SHARDS = 2;
+
+/**
+ * What SCM_PIDFD's -errno says: the sender had exited before the datagram was read (it cannot be pinned,
+ * so it cannot be judged), or this process could not take one more fd (EMFILE...), an error of ours.
+ */
+function notifySenderUnpinned(negErrno: number): 'gone' | Error {
+  const errno = -negErrno;
+  if (errno === constants.errno.ESRCH || errno === constants.errno.EINVAL) return 'gone';
+  const code = Object.entries(constants.errno).find(([, n]) => n === errno)?.[0];
+  return isErrnoCode(code)
+    ? errnoError(code, 'recvmsg', undefined, 'SCM_PIDFD: the kernel could not pin the sender of a notification')
+    : new Error(`recvmsg: SCM_PIDFD carried errno ${errno}: the kernel could not pin the sender of a notification`);
+}
 
 export class NativeBackend extends ProcReads implements Backend {
   readonly name = 'native' as const;
@@ -201,25 +215,29 @@ export class NativeBackend extends ProcReads implements Backend {
     return out;
   }
 
-  openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener {
+  openNotify(name: string, onDatagram: (d: NotifyDatagram | null, error: Error | null) => void): NotifyListener {
     const addon = this.#addon;
     const pins = this.#pins;
     let open = true;
-    const { id, passPidfd } = addon.notifyOpen(name, (error, flat) => {
-      const batch: NotifyDatagram[] = [];
-      for (let i = 0; i + 4 < flat.length; i += 5) {
-        const pid = flat[i + 2] as number;
-        const fd = flat[i + 4] as number;
-        // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
-        const sender = fd >= 0 ? new NativePidRef(pins, pid, fd, 'other') : fd === -2 ? 'gone' : null;
-        const [data, truncated, uid] = [flat[i] as Buffer, flat[i + 1] as boolean, flat[i + 3] as number];
-        batch.push({ data, truncated, pid, uid, sender, senderId: fd >= 0 ? pidfsIdOf(addon, fd) : null });
-      }
-      if (!open) {
-        for (const d of batch) if (d.sender && d.sender !== 'gone') d.sender.close();
+    const { id, passPidfd } = addon.notifyOpen(name, (error, datagram) => {
+      if (!datagram) {
+        if (open) onDatagram(null, error);
         return;
       }
-      onBatch(batch, error);
+      const [data, truncated, controlTruncated, fds, pid, uid, fd] = datagram;
+      // The pidfd is ours from here: a PidRef closes it (or its finalizer does).
+      const sender = fd === null ? null : fd >= 0 ? new NativePidRef(pins, pid, fd, 'other') : notifySenderUnpinned(fd);
+      if (!open) {
+        if (sender && sender !== 'gone' && !(sender instanceof Error)) sender.close();
+        return;
+      }
+      // Out of fds, say: the sender is not known, so neither is what the datagram is worth.
+      if (sender instanceof Error) {
+        onDatagram(null, sender);
+        return;
+      }
+      const senderId = fd !== null && fd >= 0 ? pidfsIdOf(addon, fd) : null;
+      onDatagram({ data, truncated, controlTruncated, fds, pid, uid, sender, senderId }, null);
     });
     return {
       address: `@${name}`,

@@ -123,6 +123,13 @@ export interface NotifyDatagram {
   data: Buffer;
   /** Longer than a notification may be (4096 bytes): never parsed. */
   truncated: boolean;
+  /**
+   * It carried more control data than the receiver takes (MSG_CTRUNC): in practice more fds than the few a
+   * notification may pass. The kernel closed the fds that did not fit; those that did were closed too.
+   */
+  controlTruncated: boolean;
+  /** SCM_RIGHTS fds that arrived with it. None is kept: each is closed once the datagram is handled. */
+  fds: number;
   /** The sender's pid and real uid from SCM_CREDENTIALS at send time; pid 0 when none came. */
   pid: number;
   uid: number;
@@ -267,7 +274,11 @@ export interface Backend {
    * Binds a datagram socket to the abstract unix name `name` (at most 107 bytes) that passes its senders'
    * credentials, and calls onBatch on the loop with what arrives. ERR_CUSTODY_UNSUPPORTED on the js backend.
    */
-  openNotify(name: string, onBatch: (batch: NotifyDatagram[], error: Error | null) => void): NotifyListener;
+  /**
+   * Binds an sd_notify socket. `onDatagram` gets each datagram in the order sent, one at a time (the fds
+   * that came with it are closed once it returns), or a receive error with a null datagram.
+   */
+  openNotify(name: string, onDatagram: (d: NotifyDatagram | null, error: Error | null) => void): NotifyListener;
   /** Takes an exclusive advisory lock on an open fd without blocking; false when another holds it. */
   tryLock(fd: number): boolean | 'unsupported';
 }

@@ -18,11 +18,19 @@
  *   marks, as a pid a launcher reports would (re-confirmed, and recorded
  *   from that inspection). The channel hands it to the launch
  *   (NotifyLaunch.handOff), which alone writes what its target is.
- * Everything else is ignored. Once ready, the socket stays while the target
- * runs and this supervisor watches it (STATUS= keeps coming as status
- * events; MAINPID= is no longer followed); a supervisor that adopts the
- * instance after a restart does not bind it again, so notifications then go
- * nowhere (sd_notify reports an error the daemon may ignore).
+ * Everything else is ignored. So is a datagram whose control data did not
+ * fit (MSG_CTRUNC: more fds than the few a barrier passes), whoever sent it;
+ * custody keeps no fd a datagram brings (it has no FDSTORE), each is closed
+ * once its datagram is handled (native/notify.cc). Before confirm, what a
+ * sender not yet provable sends is held under its pin and judged again once
+ * the target is known: the spawned child's descendants' datagrams are kept,
+ * everyone else's share a few slots, the oldest dropped first.
+ *
+ * Once ready, the socket stays while the target runs and this supervisor
+ * watches it (STATUS= keeps coming as status events; MAINPID= is no longer
+ * followed); a supervisor that adopts the instance after a restart does not
+ * bind it again, so notifications then go nowhere (sd_notify reports an
+ * error the daemon may ignore).
  */
 import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
@@ -65,8 +73,19 @@ export function parseNotification(data: Buffer): Notification {
 
 /** Warnings about ignored senders per launch: a flood of strangers must not flood the sink. */
 const MAX_WARNINGS = 5;
-/** Datagrams held, with their pinned senders, until the target is confirmed and they can be judged again. */
+/**
+ * Datagrams held, with their pinned senders, until the target is confirmed and they can be judged again:
+ * those from processes outside the launch's tree share these slots, the oldest dropped first, so the
+ * newest (a daemon's READY=1 after a stranger's flood) is never the one lost.
+ */
 const MAX_DEFERRED = 64;
+/**
+ * Those from the spawned child's descendants are kept whatever others send. Bounded all the same: each
+ * holds a pin (an fd), and a runaway instance must not exhaust them; past it, their oldest goes.
+ */
+const MAX_DEFERRED_TREE = 256;
+/** Parent links followed to find whether a sender descends from the spawned child. */
+const MAX_TREE_DEPTH = 64;
 /** Rejections that knowing the target cannot change. */
 const FINAL = new Set<Rejection | 'unknown'>([
   'unknown',
@@ -80,7 +99,14 @@ const FINAL = new Set<Rejection | 'unknown'>([
   'cgroup',
 ]);
 
-type Sender = { ours: true; pid: number } | { ours: false; pid: number; why: Rejection | 'unknown' };
+/** `ppid`: the sender's parent, read under its pin (absent when it could not be read). */
+type Sender = { ours: true; pid: number } | { ours: false; pid: number; why: Rejection | 'unknown'; ppid?: number };
+
+/** A datagram held for the target; `tree`: its sender descended from the spawned child when it was read. */
+interface Deferred {
+  d: NotifyDatagram;
+  tree: boolean;
+}
 
 /** A MAINPID= that passed the ownership rule, pinned by the inspection that accepted it. */
 export interface MainPid {
@@ -124,8 +150,8 @@ export class NotifyChannel {
   #lastStatus: string | undefined;
   #error: Error | null = null;
   #closed = false;
-  /** Rejected before confirm, sender pinned: judged again once the target is known. */
-  #deferred: NotifyDatagram[] = [];
+  /** Rejected before confirm, sender pinned: judged again once the target is known, in the order sent. */
+  #deferred: Deferred[] = [];
   /** Ready and running: only STATUS= (and barriers) count now. */
   #running = false;
 
@@ -133,7 +159,7 @@ export class NotifyChannel {
     this.#launch = launch;
     this.#emit = emit;
     const name = `custody/notify/${randomBytes(16).toString('hex')}`;
-    this.#listener = backend.openNotify(name, (batch, error) => this.#onBatch(batch, error));
+    this.#listener = backend.openNotify(name, (d, error) => this.#receive(d, error));
     this.address = this.#listener.address;
   }
 
@@ -142,8 +168,8 @@ export class NotifyChannel {
     return new NotifyChannel(launch, emit);
   }
 
-  #onBatch(batch: NotifyDatagram[], error: Error | null): void {
-    for (const d of batch) this.#take(d, this.#launch.target() === null);
+  #receive(d: NotifyDatagram | null, error: Error | null): void {
+    if (d) this.#take(d, this.#launch.target() === null);
     if (error) this.#error ??= error;
     this.#wake?.();
   }
@@ -164,6 +190,12 @@ export class NotifyChannel {
   /** Returns true when the datagram was deferred (its sender stays pinned). */
   #onDatagram(d: NotifyDatagram, mayDefer: boolean): boolean {
     if (this.#closed) return false;
+    // custody takes no fds (no FDSTORE): more than a barrier's few means the kernel dropped some of what
+    // was sent, so the datagram is not the one its sender wrote, whoever that is.
+    if (d.controlTruncated) {
+      this.#ignore(d.pid, `a datagram with more fds than a notification passes (${d.fds} arrived and were closed)`);
+      return false;
+    }
     if (d.truncated) {
       this.#ignore(d.pid, 'a notification longer than 4096 bytes');
       return false;
@@ -174,14 +206,8 @@ export class NotifyChannel {
     if (!sender.ours) {
       // Before confirm the target is not known yet (a daemon can say READY=1 before its launcher's pidfile is
       // read): a sender the kernel pinned for us is judged again then, still under that pin.
-      if (
-        mayDefer &&
-        d.sender &&
-        d.sender !== 'gone' &&
-        !FINAL.has(sender.why) &&
-        this.#deferred.length < MAX_DEFERRED
-      ) {
-        this.#deferred.push(d);
+      if (mayDefer && d.sender && d.sender !== 'gone' && !FINAL.has(sender.why)) {
+        this.#defer({ d, tree: sender.ppid !== undefined && this.#descendsFromChild(sender.ppid) });
         return true;
       }
       const why = sender.why === 'unknown' ? 'the kernel named no sender' : describeRejection(sender.pid, sender.why);
@@ -200,6 +226,37 @@ export class NotifyChannel {
     }
     if (n.mainPid !== undefined) this.#offerMainPid(n.mainPid, sender.pid);
     if (n.ready) this.#ready = true;
+    return false;
+  }
+
+  /** Holds a datagram for the target; past its kind's slots, the oldest of that kind is dropped (a warning). */
+  #defer(entry: Deferred): void {
+    this.#deferred.push(entry);
+    const kept = this.#deferred.filter((e) => e.tree === entry.tree).length;
+    if (kept <= (entry.tree ? MAX_DEFERRED_TREE : MAX_DEFERRED)) return;
+    const at = this.#deferred.findIndex((e) => e.tree === entry.tree);
+    const [{ d: oldest }] = this.#deferred.splice(at, 1) as [Deferred];
+    if (oldest.sender && oldest.sender !== 'gone') oldest.sender.close();
+    const whose = entry.tree ? "the launch's own processes" : 'processes outside the launch';
+    this.#ignore(oldest.pid, `held until the target is known, it was the oldest of too many from ${whose}`);
+  }
+
+  /**
+   * Whether a sender whose parent is `ppid` (read under the sender's pin) descends from the spawned child,
+   * by parent links read now. Not proof: a link's pid may change hands between reads. It only chooses which
+   * held datagrams are kept; each is judged again, under its sender's pin, once the target is confirmed.
+   */
+  #descendsFromChild(ppid: number): boolean {
+    const child = this.#launch.child();
+    // Not yet reaped: its pid cannot be anyone else's.
+    if (!child || child.hasExited) return false;
+    let pid = ppid;
+    for (let depth = 0; depth < MAX_TREE_DEPTH && pid > 1; depth++) {
+      if (pid === child.pid) return true;
+      const st = backend.stat(pid);
+      if (!st) return false;
+      pid = st.ppid;
+    }
     return false;
   }
 
@@ -238,7 +295,7 @@ export class NotifyChannel {
       const held = [launch.child(), launch.target()?.handle].filter((h): h is ProcessHandle => !!h && !h.hasExited);
       const pids = new Set<number>(held.map((h) => h.pid));
       const j = judge(launch.claim(), live, { pids, session: launch.session() }, false, pinned.environ);
-      return j.ours ? { ours: true, pid } : { ours: false, pid, why: j.why };
+      return j.ours ? { ours: true, pid } : { ours: false, pid, why: j.why, ppid: live.ppid };
     } finally {
       pinned.handle.close();
     }
@@ -298,7 +355,7 @@ export class NotifyChannel {
     const launch = this.#launch;
     const deadline = Date.now() + timeoutMs;
     // The target is confirmed now: what came from senders not provable before is judged again, in order.
-    for (const d of this.#deferred.splice(0)) this.#take(d, false);
+    for (const { d } of this.#deferred.splice(0)) this.#take(d, false);
     for (;;) {
       if (this.#error) throw this.#error;
       this.#handOffMainPid();
@@ -351,7 +408,7 @@ export class NotifyChannel {
     if (this.#closed) return;
     this.#closed = true;
     this.#listener.close();
-    for (const d of this.#deferred.splice(0)) if (d.sender && d.sender !== 'gone') d.sender.close();
+    for (const { d } of this.#deferred.splice(0)) if (d.sender && d.sender !== 'gone') d.sender.close();
     this.#mainPid?.handle.close();
     this.#mainPid = null;
     this.#wake?.();

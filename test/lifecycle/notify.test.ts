@@ -27,12 +27,12 @@ import {
   waitFor,
 } from '../helpers/procs.js';
 import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from '../helpers/cgroup.js';
+import { DAEMON, daemonOf, launchHeld, notifySocketOf } from '../helpers/notify.js';
 import { FIXTURES, openSupervisor, PYTHON } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
 expectNoCgroupsLeft();
 
-const DAEMON = join(FIXTURES, 'notify-daemon.py');
 const native = backend.name === 'native';
 
 let ctx: Awaited<ReturnType<typeof openSupervisor>>;
@@ -42,33 +42,6 @@ afterEach(async () => {
 
 const of = <T extends CustodyEventType>(events: CustodyEvent[], id: string, type: T) =>
   events.filter((e): e is CustodyEventOf<T> => e.id === id && e.type === type);
-
-/** NOTIFY_SOCKET as the daemon got it, read from its environment. */
-function notifySocketOf(pid: number): string {
-  const env = readFileSync(`/proc/${pid}/environ`, 'latin1').split('\0');
-  return env.find((kv) => kv.startsWith('NOTIFY_SOCKET='))!.slice('NOTIFY_SOCKET='.length);
-}
-
-/** The launched daemon (found by its token), once it runs, and the NOTIFY_SOCKET it was given. */
-async function daemonOf(token: () => string) {
-  const daemon = await waitFor(
-    () => processesWithMarker(MARKER).find((p) => p.cmd.includes(DAEMON) && !!token() && p.cmd.includes(token())),
-    5000,
-    'the daemon',
-  );
-  const address = await waitFor(
-    () => {
-      try {
-        return notifySocketOf(daemon.pid);
-      } catch {
-        return null;
-      }
-    },
-    5000,
-    'its NOTIFY_SOCKET',
-  );
-  return { daemon, address };
-}
 
 /** Whether an abstract unix socket of that name (NOTIFY_SOCKET's '@name') is bound, from /proc/net/unix. */
 function bound(address: string): boolean {
@@ -186,24 +159,14 @@ describe.runIf(native)('ready: notify (native)', () => {
   it('a bystander (same uid, not a member, even naming the token) that says READY=1 first is ignored', async () => {
     ctx = await openSupervisor();
     const go = join(ctx.root, 'go');
-    let token = '';
-    const launching = ctx.supervisor.launch({
-      id: 'n',
-      command: PYTHON,
-      args: (t) => {
-        token = t;
-        return [DAEMON, MARKER, t, '--wait-file', go, '--lifetime', '30'];
-      },
-      ready: 'notify',
-      readyTimeoutMs: 20_000,
-    });
+    const { launching, token } = launchHeld(ctx.supervisor, 'n', go);
     let settled = false;
     void launching.then(
       () => (settled = true),
       () => (settled = true),
     );
-    const { daemon, address } = await daemonOf(() => token);
-    const bystander = sendFrom(address, 'READY=1\nSTATUS=owned by a stranger', [token]);
+    const { daemon, address } = await daemonOf(token);
+    const bystander = sendFrom(address, 'READY=1\nSTATUS=owned by a stranger', [token()]);
     try {
       await sent(bystander);
       await waitFor(
@@ -290,19 +253,9 @@ describe.runIf(native)('ready: notify (native)', () => {
     t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     ctx = await openSupervisor({ cgroup: { root: CGROUP_ROOT } });
     const go = join(ctx.root, 'go');
-    let token = '';
-    const launching = ctx.supervisor.launch({
-      id: 'cg',
-      command: PYTHON,
-      args: (tok) => {
-        token = tok;
-        return [DAEMON, MARKER, tok, '--wait-file', go, '--member-ready', '--lifetime', '30'];
-      },
-      ready: 'notify',
-      readyTimeoutMs: 20_000,
-    });
-    const { address } = await daemonOf(() => token);
-    const bystander = sendFrom(address, 'READY=1', [token]);
+    const { launching, token } = launchHeld(ctx.supervisor, 'cg', go, ['--member-ready']);
+    const { address } = await daemonOf(token);
+    const bystander = sendFrom(address, 'READY=1', [token()]);
     let cgroup: string | null = null;
     try {
       await sent(bystander);

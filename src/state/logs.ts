@@ -13,12 +13,15 @@
  * is O_APPEND, so its next write lands at the new end). Between two checks,
  * and while no supervisor runs, a daemon can write past the cap; the next
  * launch, adoption or check brings it back. Lines written between the copy
- * and the truncation are lost. Logs of an id with no state left are removed
- * once untouched for LOG_RETENTION_MS.
+ * and the truncation are lost. Where the copy cannot be made (a full disk),
+ * the last maxBytes are kept at the start of the file itself instead, and
+ * the bytes dropped are reported (cutInPlace). Logs of an id with no state
+ * left are removed once untouched for LOG_RETENTION_MS.
  */
 import {
   closeSync,
   constants as fsc,
+  fstat,
   fstatSync,
   ftruncate,
   lstatSync,
@@ -139,14 +142,26 @@ function ignoreAbsent(fn: () => void): void {
   }
 }
 
+/** The copy a rotation writes before renaming it to `.1`; removed whenever it is not renamed. */
+const tempOf = (file: string) => `${file}.1.tmp`;
+
+function removeTemp(file: string): void {
+  try {
+    unlinkSync(tempOf(file));
+  } catch {
+    // absent, or already renamed: nothing is left either way
+  }
+}
+
 /** Makes room for a new `.1`: `.1` becomes `.2` and so on up to keep; generations past keep go. */
 function shiftGenerations(file: string, keep: number): void {
   for (let k = MAX_KEEP; k > Math.max(keep - 1, 0); k--) ignoreAbsent(() => unlinkSync(`${file}.${k}`));
   for (let k = keep - 1; k >= 1; k--) ignoreAbsent(() => renameSync(`${file}.${k}`, `${file}.${k + 1}`));
 }
 
-/** At a launch: the previous run's file becomes `.1` (with keep 0 it goes). */
+/** At a launch: the previous run's file becomes `.1` (with keep 0 it goes), and a copy an agent that died mid-cap left goes. */
 function rotateByRename(file: string, keep: number): void {
+  removeTemp(file);
   shiftGenerations(file, keep);
   ignoreAbsent(() => (keep === 0 ? unlinkSync(file) : renameSync(file, `${file}.1`)));
 }
@@ -279,54 +294,124 @@ function overCap(file: string, maxBytes: number): boolean {
 const readAsync = promisify(read);
 const writeAsync = promisify(write);
 const truncateAsync = promisify(ftruncate);
+const fstatAsync = promisify(fstat);
+
+/**
+ * What capLog did: nothing (under its cap, or not a regular file to touch),
+ * the rotation, or a cut in place because the rotated copy could not be
+ * made: `kept` bytes (the log's last, or none) stay at the start of the
+ * file, `dropped` went, and `why` says why the copy failed.
+ */
+export type CapResult =
+  | { done: 'nothing' }
+  | { done: 'rotated' }
+  | { done: 'cut'; kept: number; dropped: number; why: Error; keepFailed?: Error };
+
+const NOTHING: CapResult = Object.freeze({ done: 'nothing' });
+const ROTATED: CapResult = Object.freeze({ done: 'rotated' });
+
+/** Copies [from, from + length) of `fd` to the start of `out`, CHUNK*16 bytes at a time, off the loop. */
+async function copyRange(fd: number, from: number, length: number, out: number, positional: boolean): Promise<number> {
+  const buf = Buffer.alloc(Math.min(CHUNK * 16, length));
+  let done = 0;
+  while (done < length) {
+    const { bytesRead } = await readAsync(fd, buf, 0, Math.min(buf.length, length - done), from + done);
+    if (bytesRead === 0) break;
+    await writeAsync(out, buf, 0, bytesRead, positional ? done : null);
+    done += bytesRead;
+  }
+  return done;
+}
+
+/** The last maxBytes of the first `size` bytes of `fd`, as `file.1` (through a temp file, never left behind). */
+async function copyTail(fd: number, size: number, maxBytes: number, file: string): Promise<void> {
+  const tmp = tempOf(file);
+  try {
+    ignoreAbsent(() => unlinkSync(tmp));
+    const out = openAppend(tmp);
+    try {
+      await copyRange(fd, size - maxBytes, maxBytes, out, false);
+    } finally {
+      closeSync(out);
+    }
+    renameSync(tmp, `${file}.1`);
+  } catch (err) {
+    removeTemp(file);
+    throw err;
+  }
+}
+
+/**
+ * The cap when its copy cannot be made (ENOSPC, EDQUOT, EIO...): the last
+ * maxBytes move to the start of the file itself and the rest is cut off.
+ * Rewriting bytes the file already holds needs no new blocks on tmpfs, ext4
+ * or xfs, so it frees space on a full disk, and the newest lines (what an
+ * operator reads first when a daemon failed) survive, as a rotation would
+ * have kept them in `.1`. Where even that fails (a copy-on-write file
+ * system, an I/O error) the file is cut to nothing: a log that stays full
+ * would keep the disk full. The destination lies before the source, so a
+ * forward copy never overwrites bytes it has yet to read.
+ */
+async function cutInPlace(fd: number, size: number, maxBytes: number, why: Error): Promise<CapResult> {
+  let kept = 0;
+  let keepFailed: Error | undefined;
+  try {
+    kept = await copyRange(fd, size - maxBytes, maxBytes, fd, true);
+  } catch (err) {
+    keepFailed = err as Error;
+  }
+  // A partial copy is an older stretch, not the end of the log: none rather than that.
+  if (keepFailed || kept < maxBytes) kept = 0;
+  // What the daemon appended meanwhile goes too: counted, as the bytes dropped.
+  const end = (await fstatAsync(fd)).size;
+  await truncateAsync(fd, kept);
+  return { done: 'cut', kept, dropped: Math.max(end - kept, 0), why, ...(keepFailed ? { keepFailed } : {}) };
+}
 
 /**
  * Brings a log a daemon still appends to back under maxBytes: its last
  * maxBytes go to `.1` (older generations shifted), then it is truncated in
- * place. Off the event loop; a path that is not a regular file is left alone.
- * A log under its cap costs one lstat on the threadpool (a supervisor's
- * periodic check has already lstat'ed it on the loop: see InstanceLogs).
+ * place; where that copy cannot be made, cutInPlace. Off the event loop; a
+ * path that is not a regular file is left alone. A log under its cap costs
+ * one lstat on the threadpool (a supervisor's periodic check has already
+ * lstat'ed it on the loop: see InstanceLogs).
  */
-export async function capLog(file: string, maxBytes: number, keep: number): Promise<boolean> {
+export async function capLog(file: string, maxBytes: number, keep: number): Promise<CapResult> {
   try {
     const before = await lstatAsync(file);
-    if (!before.isFile() || before.size <= maxBytes) return false;
+    if (!before.isFile() || before.size <= maxBytes) return NOTHING;
   } catch {
-    return false;
+    return NOTHING;
   }
   let r: ReturnType<typeof openRegular>;
   try {
     r = openRegular(file, fsc.O_RDWR);
   } catch {
-    return false;
+    return NOTHING;
   }
-  if ('refused' in r) return false;
+  if ('refused' in r) return NOTHING;
   const { fd, st } = r;
   try {
-    if (st.size <= maxBytes) return false;
-    shiftGenerations(file, keep);
-    if (keep > 0) {
-      const tmp = `${file}.1.tmp`;
-      ignoreAbsent(() => unlinkSync(tmp));
-      const out = openAppend(tmp);
-      try {
-        const buf = Buffer.alloc(Math.min(CHUNK * 16, maxBytes));
-        for (let pos = st.size - maxBytes; pos < st.size; ) {
-          const n = await readAsync(fd, buf, 0, Math.min(buf.length, st.size - pos), pos);
-          if (n.bytesRead === 0) break;
-          await writeAsync(out, buf, 0, n.bytesRead);
-          pos += n.bytesRead;
-        }
-      } finally {
-        closeSync(out);
-      }
-      renameSync(tmp, `${file}.1`);
+    if (st.size <= maxBytes) return NOTHING;
+    try {
+      shiftGenerations(file, keep);
+      if (keep > 0) await copyTail(fd, st.size, maxBytes, file);
+    } catch (err) {
+      return await cutInPlace(fd, st.size, maxBytes, err as Error);
     }
     await truncateAsync(fd, 0);
-    return true;
+    return ROTATED;
   } finally {
     closeSync(fd);
   }
+}
+
+/** The warning a cut in place is reported with: what was kept, how many bytes went, and why. */
+export function describeCut(file: string, cut: Extract<CapResult, { done: 'cut' }>): string {
+  const head = `${file} over its cap: its last bytes could not be copied to ${file}.1 (${cut.why.message})`;
+  return cut.kept > 0
+    ? `${head}; kept its last ${cut.kept} bytes in place, dropped ${cut.dropped} bytes`
+    : `${head}, nor kept in place (${cut.keepFailed?.message ?? 'short read'}); truncated, dropped ${cut.dropped} bytes`;
 }
 
 /** Removes the logs of ids not in `live` that nothing has written for retentionMs. */
@@ -364,7 +449,7 @@ export function pruneLogs(
 }
 
 /** Where the supervisor's log keeping reports: failures as warnings, pruned logs as clean events. */
-export type LogReport = (type: 'warning' | 'clean', fields: { id: string; message: string }) => void;
+export type LogReport = (type: 'warning' | 'clean', fields: { id: string; message: string; path?: string }) => void;
 
 /**
  * A supervisor's side of the logs: prepares them at each launch (private
@@ -509,7 +594,8 @@ export class InstanceLogs {
         if (this.#busy.has(file) || !overCap(file, maxBytes)) continue;
         this.#busy.add(file);
         try {
-          await capLog(file, maxBytes, keep);
+          const capped = await capLog(file, maxBytes, keep);
+          if (capped.done === 'cut') this.#report('warning', { id, path: file, message: describeCut(file, capped) });
         } catch (err) {
           this.#report('warning', { id, message: `could not rotate ${file}: ${(err as Error).message}` });
         } finally {

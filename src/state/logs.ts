@@ -22,29 +22,27 @@ import {
   closeSync,
   constants as fsc,
   fstat,
-  fstatSync,
   ftruncate,
   lstatSync,
   mkdirSync,
   read,
   readdirSync,
-  readSync,
   renameSync,
   rmSync,
-  type Stats,
   unlinkSync,
   write,
 } from 'node:fs';
 import { join } from 'node:path';
 import { lstat as lstatAsync } from 'node:fs/promises';
-import { StringDecoder } from 'node:string_decoder';
 import { promisify } from 'node:util';
 import { BadLogError, InvalidArgError } from '../errors.js';
 import { fileKind, openRegular } from './files.js';
-import { assertDuration } from '../validate.js';
 import { LOGS } from './statedir.js';
 import { assertId } from './manifest.js';
-import { loopSlices, sleep } from '../timing.js';
+import { loopSlices } from '../timing.js';
+
+// Reading a log (a tail, a follow) is log-read.ts's; exported here too, where the logs' other names are.
+export { errorTail, followLog, readLogTail } from './log-read.js';
 
 export interface LogOptions {
   /** A file past this size is rotated. Default 8 MiB. */
@@ -68,7 +66,8 @@ export const LOG_RETENTION_MS = 7 * 24 * 3600 * 1000;
 const PRUNE_EVERY_MS = 3600 * 1000;
 const MAX_KEEP = 9;
 const LOGS_DIR = LOGS;
-const CHUNK = 64 * 1024;
+/** What a rotation's copy moves per read and write. */
+const COPY_CHUNK = 1024 * 1024;
 
 /** One object for every instance with the default limits (most of them), not one each. */
 const DEFAULT_LIMITS: Readonly<Required<LogOptions>> = Object.freeze({ maxBytes: LOG_MAX_BYTES, keep: LOG_KEEP });
@@ -110,12 +109,6 @@ export function openAppend(path: string): number {
   const r = openRegular(path, APPEND, 0o600);
   if ('refused' in r) throw new BadLogError(path, r.refused, { cause: r.cause });
   return r.fd;
-}
-
-function openRead(path: string): { fd: number; size: number } {
-  const r = openRegular(path, fsc.O_RDONLY);
-  if ('refused' in r) throw new BadLogError(path, r.refused, { cause: r.cause });
-  return { fd: r.fd, size: r.st.size };
 }
 
 /** A dir only we can write, not reached through a symlink: created 0700, or checked as found. */
@@ -166,121 +159,6 @@ function rotateByRename(file: string, keep: number): void {
   ignoreAbsent(() => (keep === 0 ? unlinkSync(file) : renameSync(file, `${file}.1`)));
 }
 
-/** The offset where the last `lines` lines of the `window` bytes before `end` begin. */
-function lastLinesStart(fd: number, end: number, lines: number, window: number): number {
-  const len = Math.min(end, window);
-  const buf = Buffer.alloc(len);
-  const n = readSync(fd, buf, 0, len, end - len);
-  let i = n;
-  // A final newline ends the last line; it does not start another.
-  if (i > 0 && buf[i - 1] === 0x0a) i--;
-  for (let seen = 0; i > 0; i--) {
-    if (buf[i - 1] === 0x0a && ++seen === lines) break;
-  }
-  // Cut by the window, not by a newline: drop the partial first line (unless it is all there is).
-  if (i === 0 && len < end) {
-    const nl = buf.indexOf(0x0a);
-    if (nl >= 0 && nl < n - 1) i = nl + 1;
-  }
-  return end - len + i;
-}
-
-function readRange(fd: number, from: number, to: number): string {
-  const buf = Buffer.alloc(to - from);
-  const n = readSync(fd, buf, 0, buf.length, from);
-  return buf.toString('utf8', 0, n);
-}
-
-/**
- * The last `lines` lines of a log (default 10), reading at most `maxBytes`
- * (default 1 MiB) from its end. ENOENT passes through; a path that is not a
- * regular file is ERR_CUSTODY_BAD_LOG, never a hang.
- */
-export function readLogTail(path: string, options: { lines?: number; maxBytes?: number } = {}): string {
-  const lines = options.lines ?? 10;
-  const maxBytes = options.maxBytes ?? 1024 * 1024;
-  if (!Number.isSafeInteger(lines) || lines < 0) throw new InvalidArgError('lines must be an integer >= 0');
-  if (!Number.isSafeInteger(maxBytes) || maxBytes < 1) throw new InvalidArgError('maxBytes must be a positive integer');
-  if (lines === 0) return '';
-  const { fd, size } = openRead(path);
-  try {
-    return readRange(fd, lastLinesStart(fd, size, lines, maxBytes), size);
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** The stderr tail an error message carries: the last whole lines within maxBytes, or undefined. */
-export function errorTail(path: string, maxBytes: number): string | undefined {
-  try {
-    return readLogTail(path, { lines: Number.MAX_SAFE_INTEGER, maxBytes }) || undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/**
- * Follows a log as `tail -F` does: yields its last `lines` lines (default
- * 10), then what is appended, until `signal` aborts (then it returns). A
- * truncation (the cap's copy-and-truncate) restarts at the file's start; a
- * rename (the next launch's rotation) finishes the old file and follows the
- * new one at the path. The file must exist when following starts.
- */
-export async function* followLog(
-  path: string,
-  options: { lines?: number; signal?: AbortSignal; pollMs?: number } = {},
-): AsyncGenerator<string, void, undefined> {
-  const pollMs = options.pollMs ?? 250;
-  assertDuration(pollMs, 'pollMs');
-  const signal = options.signal;
-  const lines = options.lines ?? 10;
-  let { fd, size } = openRead(path);
-  let offset = lines === 0 ? size : lastLinesStart(fd, size, lines, 1024 * 1024);
-  let decoder = new StringDecoder('utf8');
-  const buf = Buffer.alloc(CHUNK);
-  const drain = function* () {
-    for (let n = readSync(fd, buf, 0, CHUNK, offset); n > 0; n = readSync(fd, buf, 0, CHUNK, offset)) {
-      offset += n;
-      yield decoder.write(buf.subarray(0, n));
-    }
-  };
-  try {
-    for (;;) {
-      yield* drain();
-      if (signal?.aborted) return;
-      try {
-        await sleep(pollMs, signal);
-      } catch {
-        return;
-      }
-      const cur = fstatSync(fd);
-      if (cur.size < offset) offset = 0;
-      let now: Stats;
-      try {
-        now = lstatSync(path);
-      } catch {
-        continue;
-      }
-      if (now.ino === cur.ino && now.dev === cur.dev) continue;
-      yield* drain();
-      let next: { fd: number; size: number };
-      try {
-        next = openRead(path);
-      } catch (err) {
-        // Renamed away, its successor not created yet: look again next time.
-        if ((err as NodeJS.ErrnoException).code === 'ENOENT') continue;
-        throw err;
-      }
-      closeSync(fd);
-      ({ fd, size } = next);
-      offset = 0;
-      decoder = new StringDecoder('utf8');
-    }
-  } finally {
-    closeSync(fd);
-  }
-}
-
 /** Whether a log is a regular file over its cap: one lstat, never an open (a FIFO put there must not block). */
 function overCap(file: string, maxBytes: number): boolean {
   try {
@@ -310,9 +188,9 @@ export type CapResult =
 const NOTHING: CapResult = Object.freeze({ done: 'nothing' });
 const ROTATED: CapResult = Object.freeze({ done: 'rotated' });
 
-/** Copies [from, from + length) of `fd` to the start of `out`, CHUNK*16 bytes at a time, off the loop. */
+/** Copies [from, from + length) of `fd` to the start of `out`, COPY_CHUNK bytes at a time, off the loop. */
 async function copyRange(fd: number, from: number, length: number, out: number, positional: boolean): Promise<number> {
-  const buf = Buffer.alloc(Math.min(CHUNK * 16, length));
+  const buf = Buffer.alloc(Math.min(COPY_CHUNK, length));
   let done = 0;
   while (done < length) {
     const { bytesRead } = await readAsync(fd, buf, 0, Math.min(buf.length, length - done), from + done);

@@ -111,6 +111,21 @@ export function openAppend(path: string): number {
   return r.fd;
 }
 
+/**
+ * The one rule for the logs' dirs, written (a launch) and read (`custody
+ * logs`) alike: a dir, not a symlink, that only we can write. Inside a state
+ * dir checked the same way, nothing else can then swap what is below it.
+ */
+function assertPrivateDir(path: string, use: string): void {
+  const st = lstatSync(path);
+  if (!st.isDirectory()) throw new BadLogError(path, `is ${fileKind(st)}, not a directory`);
+  const uid = process.getuid?.();
+  if ((uid !== undefined && st.uid !== uid) || st.mode & 0o022) {
+    const mode = (st.mode & 0o777).toString(8);
+    throw new BadLogError(path, `belongs to uid ${st.uid} with mode ${mode}; refusing to ${use} logs there`);
+  }
+}
+
 /** A dir only we can write, not reached through a symlink: created 0700, or checked as found. */
 function privateDir(path: string): void {
   try {
@@ -118,12 +133,23 @@ function privateDir(path: string): void {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
   }
-  const st = lstatSync(path);
-  if (!st.isDirectory()) throw new BadLogError(path, `is ${fileKind(st)}, not a directory`);
-  const uid = process.getuid?.();
-  if ((uid !== undefined && st.uid !== uid) || st.mode & 0o022) {
-    const mode = (st.mode & 0o777).toString(8);
-    throw new BadLogError(path, `belongs to uid ${st.uid} with mode ${mode}; refusing to write logs there`);
+  assertPrivateDir(path, 'write');
+}
+
+/**
+ * For a reader: whether the instance has logs, its dirs checked as a launch
+ * checks them before writing (ERR_CUSTODY_BAD_LOG for a symlink or a dir
+ * another uid could change); false when either dir is absent. The files are
+ * then opened as readLogTail and followLog do, never through a symlink.
+ */
+export function hasLogDirs(stateDir: string, id: string): boolean {
+  const { dir } = logPaths(stateDir, id);
+  try {
+    for (const each of [join(stateDir, LOGS_DIR), dir]) assertPrivateDir(each, 'read');
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
   }
 }
 

@@ -3,7 +3,7 @@
  * (a running supervisor keeps writing them) and after the instance stopped
  * (stop removes its state and keeps its logs).
  */
-import { followLog, logPaths, readLogTail } from '../state/logs.js';
+import { followLog, hasLogDirs, logPaths, readLogTail } from '../state/logs.js';
 import { readStateDir } from '../state/reads.js';
 import { type Command, flag, idArg, JSON_OPTION, oneOf, STATE_DIR_OPTION, stateDirOf, wholeNumber } from './args.js';
 import { CliError, print } from './output.js';
@@ -48,13 +48,16 @@ size cap's rotation, until SIGINT or SIGTERM. With --json: one document, or with
     const only = oneOf(p, 'stream', STREAMS);
     const json = flag(p, 'json');
     // Read-only, as ls: the dir must be custody's and safe to read; nothing is created or locked.
-    const files = logPaths(readStateDir(stateDirOf(p)).stateDir, id);
+    const stateDir = readStateDir(stateDirOf(p)).stateDir;
+    const files = logPaths(stateDir, id);
     const wanted = only ? [only] : [...STREAMS];
     const none = () =>
       new CliError(
         `no logs of ${id} in ${files.dir} (never launched here with logs, or pruned)`,
         'ERR_CUSTODY_NOT_FOUND',
       );
+    // Read where a launch would write, or not at all: a symlinked or foreign dir is refused.
+    if (!hasLogDirs(stateDir, id)) throw none();
     // With --stream the one log goes to stdout; otherwise each to its namesake.
     const sink = (s: Stream) => (only || s === 'stdout' ? process.stdout : process.stderr);
     if (!flag(p, 'follow')) {

@@ -13,35 +13,36 @@
  * is O_APPEND, so its next write lands at the new end). Between two checks,
  * and while no supervisor runs, a daemon can write past the cap; the next
  * launch, adoption or check brings it back. Lines written between the copy
- * and the truncation are lost. Logs of an id with no state left are removed
- * once untouched for LOG_RETENTION_MS.
+ * and the truncation are lost. Where the copy cannot be made (a full disk),
+ * the last maxBytes are kept at the start of the file itself instead, and
+ * the bytes dropped are reported (cutInPlace). Logs of an id with no state
+ * left are removed once untouched for LOG_RETENTION_MS.
  */
 import {
   closeSync,
   constants as fsc,
-  fstatSync,
+  fstat,
   ftruncate,
   lstatSync,
   mkdirSync,
   read,
   readdirSync,
-  readSync,
   renameSync,
   rmSync,
-  type Stats,
   unlinkSync,
   write,
 } from 'node:fs';
 import { join } from 'node:path';
 import { lstat as lstatAsync } from 'node:fs/promises';
-import { StringDecoder } from 'node:string_decoder';
 import { promisify } from 'node:util';
 import { BadLogError, InvalidArgError } from '../errors.js';
 import { fileKind, openRegular } from './files.js';
-import { assertDuration } from '../validate.js';
 import { LOGS } from './statedir.js';
 import { assertId } from './manifest.js';
-import { loopSlices, sleep } from '../timing.js';
+import { loopSlices } from '../timing.js';
+
+// Reading a log (a tail, a follow) is log-read.ts's; exported here too, where the logs' other names are.
+export { errorTail, followLog, readLogTail } from './log-read.js';
 
 export interface LogOptions {
   /** A file past this size is rotated. Default 8 MiB. */
@@ -65,7 +66,8 @@ export const LOG_RETENTION_MS = 7 * 24 * 3600 * 1000;
 const PRUNE_EVERY_MS = 3600 * 1000;
 const MAX_KEEP = 9;
 const LOGS_DIR = LOGS;
-const CHUNK = 64 * 1024;
+/** What a rotation's copy moves per read and write. */
+const COPY_CHUNK = 1024 * 1024;
 
 /** One object for every instance with the default limits (most of them), not one each. */
 const DEFAULT_LIMITS: Readonly<Required<LogOptions>> = Object.freeze({ maxBytes: LOG_MAX_BYTES, keep: LOG_KEEP });
@@ -109,10 +111,19 @@ export function openAppend(path: string): number {
   return r.fd;
 }
 
-function openRead(path: string): { fd: number; size: number } {
-  const r = openRegular(path, fsc.O_RDONLY);
-  if ('refused' in r) throw new BadLogError(path, r.refused, { cause: r.cause });
-  return { fd: r.fd, size: r.st.size };
+/**
+ * The one rule for the logs' dirs, written (a launch) and read (`custody
+ * logs`) alike: a dir, not a symlink, that only we can write. Inside a state
+ * dir checked the same way, nothing else can then swap what is below it.
+ */
+function assertPrivateDir(path: string, use: string): void {
+  const st = lstatSync(path);
+  if (!st.isDirectory()) throw new BadLogError(path, `is ${fileKind(st)}, not a directory`);
+  const uid = process.getuid?.();
+  if ((uid !== undefined && st.uid !== uid) || st.mode & 0o022) {
+    const mode = (st.mode & 0o777).toString(8);
+    throw new BadLogError(path, `belongs to uid ${st.uid} with mode ${mode}; refusing to ${use} logs there`);
+  }
 }
 
 /** A dir only we can write, not reached through a symlink: created 0700, or checked as found. */
@@ -122,12 +133,23 @@ function privateDir(path: string): void {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
   }
-  const st = lstatSync(path);
-  if (!st.isDirectory()) throw new BadLogError(path, `is ${fileKind(st)}, not a directory`);
-  const uid = process.getuid?.();
-  if ((uid !== undefined && st.uid !== uid) || st.mode & 0o022) {
-    const mode = (st.mode & 0o777).toString(8);
-    throw new BadLogError(path, `belongs to uid ${st.uid} with mode ${mode}; refusing to write logs there`);
+  assertPrivateDir(path, 'write');
+}
+
+/**
+ * For a reader: whether the instance has logs, its dirs checked as a launch
+ * checks them before writing (ERR_CUSTODY_BAD_LOG for a symlink or a dir
+ * another uid could change); false when either dir is absent. The files are
+ * then opened as readLogTail and followLog do, never through a symlink.
+ */
+export function hasLogDirs(stateDir: string, id: string): boolean {
+  const { dir } = logPaths(stateDir, id);
+  try {
+    for (const each of [join(stateDir, LOGS_DIR), dir]) assertPrivateDir(each, 'read');
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
   }
 }
 
@@ -139,131 +161,28 @@ function ignoreAbsent(fn: () => void): void {
   }
 }
 
+/** The copy a rotation writes before renaming it to `.1`; removed whenever it is not renamed. */
+const tempOf = (file: string) => `${file}.1.tmp`;
+
+function removeTemp(file: string): void {
+  try {
+    unlinkSync(tempOf(file));
+  } catch {
+    // absent, or already renamed: nothing is left either way
+  }
+}
+
 /** Makes room for a new `.1`: `.1` becomes `.2` and so on up to keep; generations past keep go. */
 function shiftGenerations(file: string, keep: number): void {
   for (let k = MAX_KEEP; k > Math.max(keep - 1, 0); k--) ignoreAbsent(() => unlinkSync(`${file}.${k}`));
   for (let k = keep - 1; k >= 1; k--) ignoreAbsent(() => renameSync(`${file}.${k}`, `${file}.${k + 1}`));
 }
 
-/** At a launch: the previous run's file becomes `.1` (with keep 0 it goes). */
+/** At a launch: the previous run's file becomes `.1` (with keep 0 it goes), and a copy an agent that died mid-cap left goes. */
 function rotateByRename(file: string, keep: number): void {
+  removeTemp(file);
   shiftGenerations(file, keep);
   ignoreAbsent(() => (keep === 0 ? unlinkSync(file) : renameSync(file, `${file}.1`)));
-}
-
-/** The offset where the last `lines` lines of the `window` bytes before `end` begin. */
-function lastLinesStart(fd: number, end: number, lines: number, window: number): number {
-  const len = Math.min(end, window);
-  const buf = Buffer.alloc(len);
-  const n = readSync(fd, buf, 0, len, end - len);
-  let i = n;
-  // A final newline ends the last line; it does not start another.
-  if (i > 0 && buf[i - 1] === 0x0a) i--;
-  for (let seen = 0; i > 0; i--) {
-    if (buf[i - 1] === 0x0a && ++seen === lines) break;
-  }
-  // Cut by the window, not by a newline: drop the partial first line (unless it is all there is).
-  if (i === 0 && len < end) {
-    const nl = buf.indexOf(0x0a);
-    if (nl >= 0 && nl < n - 1) i = nl + 1;
-  }
-  return end - len + i;
-}
-
-function readRange(fd: number, from: number, to: number): string {
-  const buf = Buffer.alloc(to - from);
-  const n = readSync(fd, buf, 0, buf.length, from);
-  return buf.toString('utf8', 0, n);
-}
-
-/**
- * The last `lines` lines of a log (default 10), reading at most `maxBytes`
- * (default 1 MiB) from its end. ENOENT passes through; a path that is not a
- * regular file is ERR_CUSTODY_BAD_LOG, never a hang.
- */
-export function readLogTail(path: string, options: { lines?: number; maxBytes?: number } = {}): string {
-  const lines = options.lines ?? 10;
-  const maxBytes = options.maxBytes ?? 1024 * 1024;
-  if (!Number.isSafeInteger(lines) || lines < 0) throw new InvalidArgError('lines must be an integer >= 0');
-  if (!Number.isSafeInteger(maxBytes) || maxBytes < 1) throw new InvalidArgError('maxBytes must be a positive integer');
-  if (lines === 0) return '';
-  const { fd, size } = openRead(path);
-  try {
-    return readRange(fd, lastLinesStart(fd, size, lines, maxBytes), size);
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** The stderr tail an error message carries: the last whole lines within maxBytes, or undefined. */
-export function errorTail(path: string, maxBytes: number): string | undefined {
-  try {
-    return readLogTail(path, { lines: Number.MAX_SAFE_INTEGER, maxBytes }) || undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/**
- * Follows a log as `tail -F` does: yields its last `lines` lines (default
- * 10), then what is appended, until `signal` aborts (then it returns). A
- * truncation (the cap's copy-and-truncate) restarts at the file's start; a
- * rename (the next launch's rotation) finishes the old file and follows the
- * new one at the path. The file must exist when following starts.
- */
-export async function* followLog(
-  path: string,
-  options: { lines?: number; signal?: AbortSignal; pollMs?: number } = {},
-): AsyncGenerator<string, void, undefined> {
-  const pollMs = options.pollMs ?? 250;
-  assertDuration(pollMs, 'pollMs');
-  const signal = options.signal;
-  const lines = options.lines ?? 10;
-  let { fd, size } = openRead(path);
-  let offset = lines === 0 ? size : lastLinesStart(fd, size, lines, 1024 * 1024);
-  let decoder = new StringDecoder('utf8');
-  const buf = Buffer.alloc(CHUNK);
-  const drain = function* () {
-    for (let n = readSync(fd, buf, 0, CHUNK, offset); n > 0; n = readSync(fd, buf, 0, CHUNK, offset)) {
-      offset += n;
-      yield decoder.write(buf.subarray(0, n));
-    }
-  };
-  try {
-    for (;;) {
-      yield* drain();
-      if (signal?.aborted) return;
-      try {
-        await sleep(pollMs, signal);
-      } catch {
-        return;
-      }
-      const cur = fstatSync(fd);
-      if (cur.size < offset) offset = 0;
-      let now: Stats;
-      try {
-        now = lstatSync(path);
-      } catch {
-        continue;
-      }
-      if (now.ino === cur.ino && now.dev === cur.dev) continue;
-      yield* drain();
-      let next: { fd: number; size: number };
-      try {
-        next = openRead(path);
-      } catch (err) {
-        // Renamed away, its successor not created yet: look again next time.
-        if ((err as NodeJS.ErrnoException).code === 'ENOENT') continue;
-        throw err;
-      }
-      closeSync(fd);
-      ({ fd, size } = next);
-      offset = 0;
-      decoder = new StringDecoder('utf8');
-    }
-  } finally {
-    closeSync(fd);
-  }
 }
 
 /** Whether a log is a regular file over its cap: one lstat, never an open (a FIFO put there must not block). */
@@ -279,54 +198,124 @@ function overCap(file: string, maxBytes: number): boolean {
 const readAsync = promisify(read);
 const writeAsync = promisify(write);
 const truncateAsync = promisify(ftruncate);
+const fstatAsync = promisify(fstat);
+
+/**
+ * What capLog did: nothing (under its cap, or not a regular file to touch),
+ * the rotation, or a cut in place because the rotated copy could not be
+ * made: `kept` bytes (the log's last, or none) stay at the start of the
+ * file, `dropped` went, and `why` says why the copy failed.
+ */
+export type CapResult =
+  | { done: 'nothing' }
+  | { done: 'rotated' }
+  | { done: 'cut'; kept: number; dropped: number; why: Error; keepFailed?: Error };
+
+const NOTHING: CapResult = Object.freeze({ done: 'nothing' });
+const ROTATED: CapResult = Object.freeze({ done: 'rotated' });
+
+/** Copies [from, from + length) of `fd` to the start of `out`, COPY_CHUNK bytes at a time, off the loop. */
+async function copyRange(fd: number, from: number, length: number, out: number, positional: boolean): Promise<number> {
+  const buf = Buffer.alloc(Math.min(COPY_CHUNK, length));
+  let done = 0;
+  while (done < length) {
+    const { bytesRead } = await readAsync(fd, buf, 0, Math.min(buf.length, length - done), from + done);
+    if (bytesRead === 0) break;
+    await writeAsync(out, buf, 0, bytesRead, positional ? done : null);
+    done += bytesRead;
+  }
+  return done;
+}
+
+/** The last maxBytes of the first `size` bytes of `fd`, as `file.1` (through a temp file, never left behind). */
+async function copyTail(fd: number, size: number, maxBytes: number, file: string): Promise<void> {
+  const tmp = tempOf(file);
+  try {
+    ignoreAbsent(() => unlinkSync(tmp));
+    const out = openAppend(tmp);
+    try {
+      await copyRange(fd, size - maxBytes, maxBytes, out, false);
+    } finally {
+      closeSync(out);
+    }
+    renameSync(tmp, `${file}.1`);
+  } catch (err) {
+    removeTemp(file);
+    throw err;
+  }
+}
+
+/**
+ * The cap when its copy cannot be made (ENOSPC, EDQUOT, EIO...): the last
+ * maxBytes move to the start of the file itself and the rest is cut off.
+ * Rewriting bytes the file already holds needs no new blocks on tmpfs, ext4
+ * or xfs, so it frees space on a full disk, and the newest lines (what an
+ * operator reads first when a daemon failed) survive, as a rotation would
+ * have kept them in `.1`. Where even that fails (a copy-on-write file
+ * system, an I/O error) the file is cut to nothing: a log that stays full
+ * would keep the disk full. The destination lies before the source, so a
+ * forward copy never overwrites bytes it has yet to read.
+ */
+async function cutInPlace(fd: number, size: number, maxBytes: number, why: Error): Promise<CapResult> {
+  let kept = 0;
+  let keepFailed: Error | undefined;
+  try {
+    kept = await copyRange(fd, size - maxBytes, maxBytes, fd, true);
+  } catch (err) {
+    keepFailed = err as Error;
+  }
+  // A partial copy is an older stretch, not the end of the log: none rather than that.
+  if (keepFailed || kept < maxBytes) kept = 0;
+  // What the daemon appended meanwhile goes too: counted, as the bytes dropped.
+  const end = (await fstatAsync(fd)).size;
+  await truncateAsync(fd, kept);
+  return { done: 'cut', kept, dropped: Math.max(end - kept, 0), why, ...(keepFailed ? { keepFailed } : {}) };
+}
 
 /**
  * Brings a log a daemon still appends to back under maxBytes: its last
  * maxBytes go to `.1` (older generations shifted), then it is truncated in
- * place. Off the event loop; a path that is not a regular file is left alone.
- * A log under its cap costs one lstat on the threadpool (a supervisor's
- * periodic check has already lstat'ed it on the loop: see InstanceLogs).
+ * place; where that copy cannot be made, cutInPlace. Off the event loop; a
+ * path that is not a regular file is left alone. A log under its cap costs
+ * one lstat on the threadpool (a supervisor's periodic check has already
+ * lstat'ed it on the loop: see InstanceLogs).
  */
-export async function capLog(file: string, maxBytes: number, keep: number): Promise<boolean> {
+export async function capLog(file: string, maxBytes: number, keep: number): Promise<CapResult> {
   try {
     const before = await lstatAsync(file);
-    if (!before.isFile() || before.size <= maxBytes) return false;
+    if (!before.isFile() || before.size <= maxBytes) return NOTHING;
   } catch {
-    return false;
+    return NOTHING;
   }
   let r: ReturnType<typeof openRegular>;
   try {
     r = openRegular(file, fsc.O_RDWR);
   } catch {
-    return false;
+    return NOTHING;
   }
-  if ('refused' in r) return false;
+  if ('refused' in r) return NOTHING;
   const { fd, st } = r;
   try {
-    if (st.size <= maxBytes) return false;
-    shiftGenerations(file, keep);
-    if (keep > 0) {
-      const tmp = `${file}.1.tmp`;
-      ignoreAbsent(() => unlinkSync(tmp));
-      const out = openAppend(tmp);
-      try {
-        const buf = Buffer.alloc(Math.min(CHUNK * 16, maxBytes));
-        for (let pos = st.size - maxBytes; pos < st.size; ) {
-          const n = await readAsync(fd, buf, 0, Math.min(buf.length, st.size - pos), pos);
-          if (n.bytesRead === 0) break;
-          await writeAsync(out, buf, 0, n.bytesRead);
-          pos += n.bytesRead;
-        }
-      } finally {
-        closeSync(out);
-      }
-      renameSync(tmp, `${file}.1`);
+    if (st.size <= maxBytes) return NOTHING;
+    try {
+      shiftGenerations(file, keep);
+      if (keep > 0) await copyTail(fd, st.size, maxBytes, file);
+    } catch (err) {
+      return await cutInPlace(fd, st.size, maxBytes, err as Error);
     }
     await truncateAsync(fd, 0);
-    return true;
+    return ROTATED;
   } finally {
     closeSync(fd);
   }
+}
+
+/** The warning a cut in place is reported with: what was kept, how many bytes went, and why. */
+export function describeCut(file: string, cut: Extract<CapResult, { done: 'cut' }>): string {
+  const head = `${file} over its cap: its last bytes could not be copied to ${file}.1 (${cut.why.message})`;
+  return cut.kept > 0
+    ? `${head}; kept its last ${cut.kept} bytes in place, dropped ${cut.dropped} bytes`
+    : `${head}, nor kept in place (${cut.keepFailed?.message ?? 'short read'}); truncated, dropped ${cut.dropped} bytes`;
 }
 
 /** Removes the logs of ids not in `live` that nothing has written for retentionMs. */
@@ -364,7 +353,7 @@ export function pruneLogs(
 }
 
 /** Where the supervisor's log keeping reports: failures as warnings, pruned logs as clean events. */
-export type LogReport = (type: 'warning' | 'clean', fields: { id: string; message: string }) => void;
+export type LogReport = (type: 'warning' | 'clean', fields: { id: string; message: string; path?: string }) => void;
 
 /**
  * A supervisor's side of the logs: prepares them at each launch (private
@@ -509,7 +498,8 @@ export class InstanceLogs {
         if (this.#busy.has(file) || !overCap(file, maxBytes)) continue;
         this.#busy.add(file);
         try {
-          await capLog(file, maxBytes, keep);
+          const capped = await capLog(file, maxBytes, keep);
+          if (capped.done === 'cut') this.#report('warning', { id, path: file, message: describeCut(file, capped) });
         } catch (err) {
           this.#report('warning', { id, message: `could not rotate ${file}: ${(err as Error).message}` });
         } finally {

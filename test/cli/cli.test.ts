@@ -1,15 +1,19 @@
 // The custody CLI, run as users run it (node dist/cli/main.js), on state dirs a
 // real Supervisor wrote and processes this suite starts: every exit status
 // and both streams of every run are asserted.
-import { type ChildProcess, execFile, spawn as cpSpawn } from 'node:child_process';
+import { type ChildProcess, execFile, execFileSync, spawn as cpSpawn } from 'node:child_process';
 import {
+  chmodSync,
+  chownSync,
   existsSync,
   lstatSync,
   mkdirSync,
   readdirSync,
   readFileSync,
   readlinkSync,
+  renameSync,
   statSync,
+  symlinkSync,
   writeFileSync,
 } from 'node:fs';
 import { join, relative } from 'node:path';
@@ -18,7 +22,7 @@ import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { inspect, logPaths, spawn, Supervisor } from '../../src/index.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
-import { endOwn, isGone, loggedSignals, MARKER, tmpDir, unusedPid, waitFor } from '../helpers/procs.js';
+import { endOwn, isGone, isRoot, loggedSignals, MARKER, tmpDir, unusedPid, waitFor } from '../helpers/procs.js';
 import { fill01, identityVars, write01 } from '../helpers/state.js';
 import { PERL, PYTHON, vmArgs } from '../helpers/supervisor.js';
 
@@ -550,6 +554,42 @@ describe(`custody logs --follow (${backend.name})`, () => {
     expect(text('stdout')).toMatch(/^(usr1 \d+\n)+$/);
     expect(text('stderr')).toMatch(/^(usr1 \d+ err\n)+$/);
     expect(readFileSync(d.files.stdout, 'utf8')).toContain(text('stdout'));
+  });
+});
+
+describe(`custody logs reads only what a launch would write (${backend.name})`, () => {
+  it('a .logs that is a symlink is ERR_CUSTODY_BAD_LOG, with --follow too: nothing through it is printed', async () => {
+    const d = await chattyInstance();
+    const elsewhere = join(scratch(), 'elsewhere');
+    mkdirSync(join(elsewhere, 'vm'), { recursive: true, mode: 0o700 });
+    writeFileSync(join(elsewhere, 'vm', 'stdout.log'), "not custody's\n");
+    const logs = join(d.stateDir, '.logs');
+    renameSync(logs, `${logs}.moved`);
+    symlinkSync(elsewhere, logs);
+    for (const follow of [[], ['--follow']]) {
+      const r = await cli(['logs', 'vm', ...follow, '--stream', 'stdout', '--state-dir', d.stateDir]);
+      expect(failure(r, 'ERR_CUSTODY_BAD_LOG')).toContain(`log ${logs}: is a symlink (never followed)`);
+    }
+  });
+
+  it('an instance log dir another uid replaced with a symlink (its .logs given away by mistake) is refused, not read', async (t) => {
+    t.skip(!isRoot(), 'needs root: another uid (setpriv) plants the symlink');
+    const d = await chattyInstance();
+    // What the symlink points the reader at: a root-only log.
+    const secret = join(scratch(), 'secret');
+    mkdirSync(secret, { mode: 0o700 });
+    writeFileSync(join(secret, 'stdout.log'), 'root only\n', { mode: 0o600 });
+    // The mistake: the state dir traversable, and its .logs given to uid 65534 (still 0700).
+    chmodSync(join(d.stateDir, '..'), 0o755);
+    chmodSync(d.stateDir, 0o711);
+    const logs = join(d.stateDir, '.logs');
+    chownSync(logs, 65534, 65534);
+    const plant = 'cd "$1" && mv vm moved && ln -s "$2" vm';
+    const asNobody = ['--reuid=65534', '--regid=65534', '--clear-groups'];
+    execFileSync('setpriv', [...asNobody, 'sh', '-c', plant, 'sh', logs, secret], { timeout: 10_000 });
+    expect(readlinkSync(join(logs, 'vm'))).toBe(secret);
+    const r = await cli(['logs', 'vm', '--stream', 'stdout', '--state-dir', d.stateDir]);
+    expect(failure(r, 'ERR_CUSTODY_BAD_LOG')).toContain(`log ${logs}: belongs to uid 65534 with mode 700`);
   });
 });
 

@@ -1,13 +1,14 @@
 // Readiness as real daemons signal it: Type=forking launchers, sockets that
 // must be served by a live process, probes that make readiness exact.
-import { existsSync, readFileSync } from 'node:fs';
+import { execFileSync, spawn as cpSpawn } from 'node:child_process';
+import { chmodSync, existsSync, lstatSync, mkdirSync, readFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import type { CustodyEvent } from '../../src/index.js';
 import { expectNoLeaks, processesWithMarker } from '../helpers/leaks.js';
-import { goneSince, isGone, MARKER, waitFor } from '../helpers/procs.js';
+import { exited, goneSince, isGone, isRoot, MARKER, untilReady, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -391,5 +392,114 @@ sys.exit(1)
       expect(existsSync(socket)).toBe(false);
     }
     expect(processesWithMarker(MARKER)).toEqual([]);
+  });
+});
+
+/** A unix listener, at most 60 s: says "ready" once listening, then "accepted" at each connection. */
+const LISTENER = `
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen(8)
+print('ready', flush=True)
+deadline = time.time() + 60
+while time.time() < deadline:
+    s.settimeout(deadline - time.time())
+    try:
+        c, _ = s.accept()
+    except OSError:
+        break
+    print('accepted', flush=True)
+    c.close()
+`;
+const NOBODY = 65534;
+const AS_NOBODY = [`--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', '--'];
+const asNobody = (...argv: string[]) => execFileSync('setpriv', [...AS_NOBODY, ...argv], { timeout: 10_000 });
+
+describe(`ready: { socket } in a dir others can write (${backend.name})`, () => {
+  /** A supervisor whose `confirm` of `id` runs `onConfirm` (before readiness is waited for), and a sticky dir like /tmp. */
+  async function sharedDir(id: string, onConfirm: (shared: string) => void): Promise<string> {
+    let shared = '';
+    ctx = await openSupervisor({ onEvent: (e) => e.type === 'confirm' && e.id === id && onConfirm(shared) });
+    shared = join(ctx.root, 'shared');
+    chmodSync(ctx.root, 0o755);
+    mkdirSync(shared);
+    chmodSync(shared, 0o1777);
+    return shared;
+  }
+
+  /** LISTENER run by another uid, listening once this resolves; end() ends it, by its pid, and waits. */
+  async function foreignListener(path: string) {
+    const child = cpSpawn('setpriv', [...AS_NOBODY, PYTHON, '-c', LISTENER, path, MARKER], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let said = '';
+    child.stdout.on('data', (d: Buffer) => (said += d.toString()));
+    const end = async () => {
+      child.kill('SIGKILL');
+      await exited(child);
+    };
+    const gone = exited(child).then(() => Promise.reject(new Error(`the listener exited: ${said}`)));
+    await Promise.race([untilReady(child.stdout), gone]).catch(async (err) => {
+      await end();
+      throw err;
+    });
+    gone.catch(() => {});
+    return { said: () => said, end };
+  }
+
+  const sleeper = (t: string) => ['-e', 'sleep 300', t, MARKER];
+
+  // What another uid does at the path once the launch has cleared it, with the listener it runs meanwhile
+  // (at theirs.sock); and what the timeout must say.
+  const lures = [
+    {
+      what: 'a symlink to its own listening socket',
+      plant: (d: string) => asNobody('ln', '-s', join(d, 'theirs.sock'), join(d, 'vm.sock')),
+      why: 'it is a symlink (never followed)',
+    },
+    {
+      what: 'its own listening socket, moved there',
+      plant: (d: string) => asNobody('mv', join(d, 'theirs.sock'), join(d, 'vm.sock')),
+      why: `it is owned by uid ${NOBODY};`,
+    },
+  ];
+
+  it.for(lures)('another uid puts $what at the path: never readiness, and the timeout says why', async (lure, t) => {
+    t.skip(!isRoot(), 'needs root: another uid (setpriv) runs the listener and plants it');
+    const shared = await sharedDir('lured', lure.plant);
+    const socket = join(shared, 'vm.sock');
+    const theirs = await foreignListener(join(shared, 'theirs.sock'));
+    try {
+      const err = await ctx.supervisor
+        .launch({ id: 'lured', command: PERL, args: sleeper, ready: { socket }, readyTimeoutMs: 1000 })
+        .catch((e: unknown) => e);
+      expect(err).toMatchObject({
+        code: 'ERR_CUSTODY_READY_TIMEOUT',
+        message: expect.stringContaining(`never connected to ${socket}: ${lure.why}`),
+      });
+      // Never connected to: it accepted nothing.
+      expect(theirs.said()).toBe('ready\n');
+    } finally {
+      await theirs.end();
+    }
+    expect(processesWithMarker(MARKER)).toEqual([]);
+  });
+
+  it('the socket of an instance that runs as another uid is its readiness', async (t) => {
+    t.skip(!isRoot(), 'needs root: the instance runs as another uid (setpriv)');
+    const shared = await sharedDir('own', () => {});
+    const socket = join(shared, 'vm.sock');
+    const inst = await ctx.supervisor.launch({
+      id: 'own',
+      command: 'setpriv',
+      args: (tok) => [...AS_NOBODY, PYTHON, ...vmArgs(socket, tok)],
+      executable: PYTHON,
+      uid: NOBODY,
+      ready: { socket },
+    });
+    expect([inst.identity.uid, lstatSync(socket).uid]).toEqual([NOBODY, NOBODY]);
+    await ctx.supervisor.stop('own', { graceMs: 5000 });
+    expect(goneSince(inst.pid, inst.identity.startTicks)).toBe(true);
   });
 });

@@ -18,11 +18,11 @@ import {
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import { spawn, Supervisor } from '../../src/index.js';
+import { spawn, Supervisor, type WarningEvent } from '../../src/index.js';
 import { capLog, followLog, InstanceLogs, logPaths, openAppend, pruneLogs, readLogTail } from '../../src/state/logs.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';
-import { isGone, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
+import { endOwn, goneSince, isGone, isRoot, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL, PYTHON, vmArgs } from '../helpers/supervisor.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
@@ -32,6 +32,24 @@ afterEach(async () => {
   await ctx?.dispose();
   ctx = undefined;
 });
+
+/**
+ * A tmpfs of `sizeKiB` on `dir` (root only): a real ENOSPC. Unmounted at
+ * cleanup without -l, so a file still open on it fails the test; then it is
+ * checked to be gone from the mount table.
+ */
+function mountTinyFs(dir: string, sizeKiB: number): void {
+  execFileSync('mount', ['-t', 'tmpfs', '-o', `size=${sizeKiB}k,mode=0700`, 'custody-test', dir]);
+  cleanups.push(() => {
+    try {
+      execFileSync('umount', [dir], { stdio: 'pipe' });
+    } catch (err) {
+      execFileSync('umount', ['-l', dir]);
+      throw err;
+    }
+    expect(readFileSync('/proc/self/mountinfo', 'utf8')).not.toContain(` ${dir} `);
+  });
+}
 
 function scratch(): string {
   const d = tmpDir('custody-logs-');
@@ -287,7 +305,7 @@ describe(`the cap (${backend.name})`, () => {
     closeSync(fd);
     cleanups.push(async () => (h.signal('SIGKILL'), await h.exited));
     await waitFor(() => statSync(f).size > 2000, 5000, 'output');
-    expect(await capLog(f, 1000, 1)).toBe(true);
+    expect(await capLog(f, 1000, 1)).toEqual({ done: 'rotated' });
     const rotated = readFileSync(`${f}.1`, 'utf8');
     expect(rotated.length).toBe(1000);
     await waitFor(() => statSync(f).size > 100, 5000, 'writes after the truncation');
@@ -303,8 +321,8 @@ describe(`the cap (${backend.name})`, () => {
       .slice(0, -1);
     expect(lines.length).toBeGreaterThan(0);
     expect(lines.filter((l) => !/^line \d{6}$/.test(l))).toEqual([]);
-    expect(await capLog(f, 1 << 20, 1)).toBe(false);
-    expect(await capLog(join(scratch(), 'absent'), 10, 1)).toBe(false);
+    expect(await capLog(f, 1 << 20, 1)).toEqual({ done: 'nothing' });
+    expect(await capLog(join(scratch(), 'absent'), 10, 1)).toEqual({ done: 'nothing' });
   });
 
   it("a running instance's log is held under its cap by the periodic check", async () => {
@@ -462,6 +480,75 @@ describe(`the cap (${backend.name})`, () => {
       await second.supervisor.close();
     }
     expect(isGone(inst!.pid)).toBe(true);
+  });
+
+  it('on a full disk the cap keeps the last maxBytes in place, reports the bytes dropped, and leaves no temp file', async (t) => {
+    t.skip(!isRoot(), 'needs root: mounts a tiny tmpfs');
+    const root = scratch();
+    const stateDir = join(root, 'state');
+    const caps = { maxBytes: 32 * 1024, keep: 1 };
+    const full = join(root, 'disk-full');
+    const first = await Supervisor.open({ stateDir, onEvent: () => {} });
+    cleanups.push(() => first.supervisor.close());
+    // The logs alone on a 256 KiB tmpfs: the daemon's output fills it.
+    const logsDir = join(stateDir, '.logs');
+    mkdirSync(logsDir, { mode: 0o700 });
+    mountTinyFs(logsDir, 256);
+    // Writes 100-byte lines as fast as it can until the disk is full, says so outside it, then waits.
+    const writer = `
+import os, sys, time
+deadline, i = time.time() + 60, 0
+while time.time() < deadline:
+    try:
+        os.write(1, b'line %07d %s\\n' % (i, b'x' * 86))
+    except OSError:
+        open(sys.argv[1], 'w').close()
+        break
+    i += 1
+time.sleep(300)
+`;
+    const inst = await first.supervisor.launch({
+      id: 'fast',
+      command: PYTHON,
+      args: (tok) => ['-c', writer, full, tok, MARKER],
+      logs: caps,
+    });
+    cleanups.push(() => endOwn([{ pid: inst.pid, start: String(inst.identity.startTicks) }]));
+    await waitFor(() => existsSync(full), 20_000, 'the disk to fill');
+    await first.supervisor.close();
+    const { dir, stdout } = logPaths(stateDir, 'fast');
+    const before = readFileSync(stdout);
+    expect(before.length).toBeGreaterThan(200 * 1024);
+    // The adoption's first check finds the log over its cap with no room for its copy.
+    const temps: string[][] = [];
+    const warnings: WarningEvent[] = [];
+    const second = await Supervisor.open({
+      stateDir,
+      onEvent: (e) => {
+        if (e.type !== 'warning') return;
+        warnings.push(e);
+        temps.push(readdirSync(dir).filter((n) => n.endsWith('.tmp')));
+      },
+    });
+    cleanups.push(() => second.supervisor.close());
+    expect(second.report.adopted.map((a) => a.id)).toEqual(['fast']);
+    await waitFor(() => warnings.length > 0, 10_000, 'the warning of the cut');
+    const dropped = before.length - caps.maxBytes;
+    expect(warnings).toEqual([
+      expect.objectContaining({
+        id: 'fast',
+        path: stdout,
+        message: expect.stringMatching(
+          new RegExp(`ENOSPC.*kept its last ${caps.maxBytes} bytes in place, dropped ${dropped} bytes$`),
+        ),
+      }),
+    ]);
+    expect(temps).toEqual([[]]);
+    expect(readdirSync(dir).sort()).toEqual(['stderr.log', 'stdout.log']);
+    // The newest output survives, and the cap holds.
+    expect(readFileSync(stdout).equals(before.subarray(dropped))).toBe(true);
+    await second.supervisor.stop('fast', { graceMs: 5000 });
+    expect(goneSince(inst.pid, inst.identity.startTicks)).toBe(true);
   });
 
   it('logs of ids with no state left go once untouched for the retention period', () => {

@@ -4,16 +4,17 @@
  * dies with stop(); a TERM-ignoring forker leaves no survivor; freeze, thaw,
  * usage and limits; a bystander carrying the token outside the cgroup is
  * never touched; a pid function's target created elsewhere runs with
- * cgroup null. Every test ends with no cgroup left behind.
+ * cgroup null; a target its launcher moved into another cgroup is refused
+ * as not ours and left alone. Every test ends with no cgroup left behind.
  */
 import { execFileSync, spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { parseCgroupV2Line } from '../src/backend/procview.js';
 import { cgroupName } from '../src/process/cgroup.js';
-import type { SupervisorOptions } from '../src/index.js';
+import { inspect, type SupervisorOptions } from '../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from './helpers/cgroup.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { counterWitness } from './helpers/quiet.js';
@@ -25,6 +26,7 @@ import {
   MARKER,
   procStat,
   SIGNAL_LOGGER,
+  startOf,
   waitFor,
 } from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
@@ -315,6 +317,48 @@ describe(`instance cgroups (${backend.name})`, () => {
       await waitFor(() => isGone(target), 5000, 'the target to be reaped by init');
     } finally {
       killOwn(target);
+    }
+  });
+
+  it('a launcher that moves its target into another cgroup before exec: ERR_CUSTODY_NOT_OURS names both cgroups; the target is not signalled', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const { supervisor, events } = await open();
+    // As `systemd-run --scope` does: the launcher writes itself into another cgroup's cgroup.procs, then execs.
+    const elsewhere = `${CGROUP_ROOT}-elsewhere`;
+    mkdirSync(elsewhere);
+    let moved: { pid: number; start: string | null } | undefined;
+    try {
+      const err = (await supervisor
+        .launch({
+          id: 'moved',
+          command: '/bin/sh',
+          executable: PERL,
+          args: (tok) => [
+            '-c',
+            'echo $$ > "$0/cgroup.procs" && exec "$1" -e "sleep 60" -- "$2" "$3"',
+            elsewhere,
+            PERL,
+            tok,
+            MARKER,
+          ],
+        })
+        .catch((e: unknown) => e)) as Error & { code?: string; pid: number };
+      expect(err).toMatchObject({ code: 'ERR_CUSTODY_NOT_OURS' });
+      moved = { pid: err.pid, start: startOf(err.pid) };
+      const token = String(events.find((e) => e.type === 'launch')?.token);
+      expect(err.message).toContain(nodeOf(elsewhere));
+      expect(err.message).toContain(`/${cgroupName('moved', token)}`);
+      // Not the instance's: left running where its launcher put it, never signalled.
+      expect(isGone(err.pid)).toBe(false);
+      expect(cgroupOfPid(err.pid)).toBe(nodeOf(elsewhere));
+      expect(inspect(err.pid).argv).toEqual([PERL, '-e', 'sleep 60', '--', token, MARKER]);
+      expect(events).toContainEqual(expect.objectContaining({ type: 'warning', pid: err.pid }));
+      expect(events).toContainEqual(expect.objectContaining({ type: 'abandon', id: 'moved' }));
+      expect(cgroupsBelow(CGROUP_ROOT).filter((d) => d.includes('/moved.'))).toEqual([]);
+    } finally {
+      if (moved && killOwn(moved.pid, { start: moved.start }))
+        await waitFor(() => procsOf(elsewhere).length === 0, 5000, 'the moved target to end');
+      rmdirSync(elsewhere);
     }
   });
 

@@ -39,6 +39,17 @@ export function rejectCarrier(emit: Emit, m: Manifest, pid: number, j: Judgement
   emit('warning', { id: m.id, pid, reason: j.why, message: `recovery of ${m.id}: ${describeRejection(pid, j.why)}` });
 }
 
+/**
+ * A launch cut off before confirm: the only kind judged here. One cut off after confirm (readiness pending)
+ * carries its confirmed identity and is judged as a running instance is (running.ts), whatever became of
+ * its cgroup: one judge, so a rule for a main process that left its cgroup holds for both.
+ */
+export type Interrupted = StartingManifest & { identity: null };
+
+export function isInterrupted(m: Manifest): m is Interrupted {
+  return m.state === 'starting' && m.identity === null;
+}
+
 export class InterruptedLaunches {
   readonly #fx: RecoveryEffects;
   readonly #scan: TokenScan;
@@ -63,7 +74,7 @@ export class InterruptedLaunches {
     return set;
   }
 
-  async recover(m: StartingManifest): Promise<void> {
+  async recover(m: Interrupted): Promise<void> {
     const fx = this.#fx;
     const c = fx.cgroupOf(m);
     const group = c === 'gone' ? null : c;

@@ -16,7 +16,7 @@ import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, procsOf } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';
-import { isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
+import { endOwn, isGone, killAndWait, loggedSignals, MARKER, startOf, tmpDir, waitFor } from '../helpers/procs.js';
 import { GATED_PERL_LAUNCH, PERL } from '../helpers/supervisor.js';
 
 // Registered before the cleanups, so it runs after them: each test's undo removes what it made.
@@ -27,6 +27,12 @@ const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
 
 const ESCAPER = `use POSIX (); my $p = fork; if (!$p) { POSIX::setsid(); exec($^X, '-e', 'sleep 60', '--', 'escapee', $ARGV[1]) if !fork; POSIX::_exit(0) } waitpid($p, 0); sleep 60`;
+/** The manifest custody wrote at `file`, as far as these tests read it; null while there is none. */
+function readManifest(
+  file: string,
+): { state: string; identity: { pid: number } | null; cgroup: { path: string } | null } | null {
+  return existsSync(file) ? JSON.parse(readFileSync(file, 'utf8')) : null;
+}
 const escapee = () => processesWithMarker(MARKER).find((p) => p.cmd.includes(' escapee ') && p.state !== 'Z');
 
 /** A state dir and the means to open supervisors on it, in this process or in another one (to SIGKILL). */
@@ -54,15 +60,20 @@ function stateDir() {
       sups.push(r.supervisor);
       return { ...r, events };
     },
-    /** Runs `launch` (a LaunchSpec's source text) in a supervisor in another process; resolves with what it printed first. */
-    holder(launch: string): { child: ChildProcess; line: Promise<string> } {
+    /**
+     * Runs each of `launches` (a LaunchSpec's source text), one after another, in a supervisor in another
+     * process; resolves with what it printed first (the first instance).
+     */
+    holder(...launches: string[]): { child: ChildProcess; line: Promise<string> } {
       const script = `
         const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
         const { writeFileSync } = await import('node:fs');
         const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(state)}, cgroup: { root: ${JSON.stringify(CGROUP_ROOT)} }, onEvent: () => {} });
-        const inst = await supervisor.launch(${launch});
-        console.log(JSON.stringify({ pid: inst.pid, cgroup: inst.cgroup }));
-        setInterval(() => {}, 1000);`;
+        setInterval(() => {}, 1000);
+        for (const spec of [${launches.join(', ')}]) {
+          const inst = await supervisor.launch(spec);
+          console.log(JSON.stringify({ pid: inst.pid, cgroup: inst.cgroup }));
+        }`;
       const child = cpSpawn(process.execPath, ['--input-type=module', '-e', script], {
         stdio: ['ignore', 'pipe', 'inherit'],
         env: { ...process.env, CUSTODY_BACKEND: backend.name },
@@ -173,6 +184,50 @@ describe(`recovery with instance cgroups (${backend.name})`, () => {
     expect(isGone(b.pid!)).toBe(false);
     expect(loggedSignals(log)).toEqual([]);
     expect(events.some((e) => e.type === 'warning' && e.id === 'vm' && Array.isArray(e.pids))).toBe(true);
+  });
+
+  it('a launch cut off before readiness, its target moved out and its cgroup removed, is judged as a running instance is: never cleaned while it runs', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const s = stateDir();
+    const sleeper = `args: (t) => ['-e', 'sleep 60', '--', t, ${JSON.stringify(MARKER)}]`;
+    // A running twin first; then a launch confirmed whose readiness never comes: its manifest is `starting`
+    // with the confirmed identity when the holder dies.
+    const h = s.holder(
+      `{ id: 'run', command: ${JSON.stringify(PERL)}, ${sleeper} }`,
+      `{ id: 'vm', command: ${JSON.stringify(PERL)}, ${sleeper}, readyTimeoutMs: 60000, ready: () => new Promise(() => {}) }`,
+    );
+    await h.line;
+    const onDisk = (id: string) => readManifest(join(s.state, id, 'manifest.json'));
+    const vm = await waitFor(() => onDisk('vm')?.identity && onDisk('vm'), 10_000, 'the confirmed identity on disk');
+    const run = onDisk('run')!;
+    expect([run.state, vm.state]).toEqual(['running', 'starting']);
+    const targets = [run, vm].map((m) => ({ pid: m.identity!.pid, start: startOf(m.identity!.pid) }));
+    await sigkill(h.child);
+    // While no supervisor runs, both targets are moved into a cgroup of the test's own and their cgroups removed.
+    const elsewhere = join(CGROUP_ROOT, 'elsewhere');
+    mkdirSync(elsewhere);
+    cleanups.push(async () => {
+      await endOwn(targets);
+      await waitFor(() => procsOf(elsewhere).length === 0, 5000, 'the moved targets to end');
+      rmdirSync(elsewhere);
+    });
+    for (const m of [run, vm]) {
+      writeFileSync(join(elsewhere, 'cgroup.procs'), String(m.identity!.pid));
+      rmdirSync(m.cgroup!.path);
+    }
+    const { report } = await s.open();
+    const outcome = (id: string) => {
+      for (const kind of ['adopted', 'repaired', 'cleaned', 'quarantined', 'deferred'] as const) {
+        const e = report[kind].find((x) => x.id === id);
+        if (e) return { kind, field: 'field' in e ? e.field : undefined, reason: kind === 'adopted' ? '' : e.reason };
+      }
+      return null;
+    };
+    expect(report.cleaned).toEqual([]);
+    // Whichever way the running rule goes for a main outside its cgroup, the confirmed launch goes the same way.
+    expect(outcome('run')).not.toBeNull();
+    expect(outcome('vm')).toEqual(outcome('run'));
+    for (const { pid } of targets) expect(isGone(pid)).toBe(false);
   });
 
   it('an instance whose main process died while no supervisor ran: what it left in its cgroup is ended with it', async (t) => {

@@ -4,6 +4,9 @@
  * an interrupted launch is looked for among its cgroup's members only, so a
  * bystander carrying its token outside is neither adopted nor signalled; the
  * leftovers of an instance whose main process died are ended with it; a
+ * launch whose target was moved out and its cgroup removed while no
+ * supervisor ran is never cleaned while that target runs (after confirm it
+ * goes the way a running instance does; before, it is quarantined); a
  * cgroup no manifest names is reported and left alone, or removed if empty.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
@@ -13,7 +16,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../src/backend/addon.js';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
-import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, procsOf } from '../helpers/cgroup.js';
+import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';
 import { endOwn, isGone, killAndWait, loggedSignals, MARKER, startOf, tmpDir, waitFor } from '../helpers/procs.js';
@@ -228,6 +231,55 @@ describe(`recovery with instance cgroups (${backend.name})`, () => {
     expect(outcome('run')).not.toBeNull();
     expect(outcome('vm')).toEqual(outcome('run'));
     for (const { pid } of targets) expect(isGone(pid)).toBe(false);
+  });
+
+  it('a launch cut off before confirm, its target moved out and its cgroup removed: quarantined with its pid, not cleaned, not signalled', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const s = stateDir();
+    const tokenFile = join(s.root, 'token');
+    const gate = join(s.root, 'go');
+    const h = s.holder(`{ id: 'vm', command: '/bin/sh', executable: ${JSON.stringify(PERL)}, confirmTimeoutMs: 10000,
+      args: (t) => { writeFileSync(${JSON.stringify(tokenFile)}, t); return ['-c', ${JSON.stringify(GATED_PERL_LAUNCH)}, ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}, ${JSON.stringify(gate)}]; } }`);
+    const token = await waitFor(
+      () => (existsSync(tokenFile) ? readFileSync(tokenFile, 'utf8') : null),
+      10_000,
+      'the launch to start',
+    );
+    const launcher = await waitFor(
+      () => processesWithMarker(token).find((p) => p.cmd.startsWith('/bin/sh')),
+      5000,
+      'the launcher',
+    );
+    await sigkill(h.child);
+    // The launcher execs its target (the same pid) only now, with no supervisor to confirm it.
+    writeFileSync(gate, '');
+    await waitFor(() => inspect(launcher.pid).argv[0] === PERL, 5000, 'the target to exec');
+    const target = { pid: launcher.pid, start: startOf(launcher.pid) };
+    const m = readManifest(join(s.state, 'vm', 'manifest.json'))!;
+    expect(m.identity).toBeNull();
+    const elsewhere = join(CGROUP_ROOT, 'elsewhere');
+    mkdirSync(elsewhere);
+    cleanups.push(async () => {
+      await endOwn([target]);
+      await waitFor(() => procsOf(elsewhere).length === 0, 5000, 'the moved target to end');
+      rmdirSync(elsewhere);
+    });
+    writeFileSync(join(elsewhere, 'cgroup.procs'), String(target.pid));
+    rmdirSync(m.cgroup!.path);
+    const { report, events } = await s.open();
+    expect(report.cleaned).toEqual([]);
+    expect(report.quarantined).toEqual([{ id: 'vm', pid: target.pid, reason: 'mismatch', field: 'cgroup' }]);
+    expect(events).toContainEqual(
+      expect.objectContaining({
+        type: 'warning',
+        id: 'vm',
+        pid: target.pid,
+        message: expect.stringContaining(nodeOf(elsewhere)),
+      }),
+    );
+    expect(isGone(target.pid)).toBe(false);
+    expect(startOf(target.pid)).toBe(target.start);
+    expect(readManifest(join(s.state, 'vm', 'manifest.json'))?.state).toBe('quarantined');
   });
 
   it('an instance whose main process died while no supervisor ran: what it left in its cgroup is ended with it', async (t) => {

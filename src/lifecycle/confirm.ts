@@ -56,9 +56,9 @@ export interface ConfirmFacts {
   /** Whether the confirm deadline has passed. */
   timedOut: boolean;
   /**
-   * Our own child, outside the instance cgroup, already showing the target's own marks (token, program, uid):
-   * it was placed, then moved out (a launcher writing itself into another cgroup's cgroup.procs, as
-   * `systemd-run --scope` does). A placing wrapper not placed yet still runs its own program, so never this.
+   * Our own child, outside the instance cgroup and outside ours, already showing the target's own marks
+   * (token, program, uid): it was placed, then moved out (a launcher writing itself into another cgroup's
+   * cgroup.procs, as `systemd-run --scope` does). See movedOut.
    */
   execdOutside?: boolean;
 }
@@ -130,9 +130,7 @@ export async function confirm(
         // it, and only the exec'd target in the cgroup is it.
         const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
         why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
-        // Outside the cgroup, our child is the target that was moved out only if it is the target by its own marks.
-        if (own && why === 'cgroup')
-          execdOutside = judge({ ...claim, cgroup: null }, live, undefined, true, environ).ours;
+        if (own && why === 'cgroup') execdOutside = movedOut(claim, live, environ);
       }
       const step = decideConfirm({
         own,
@@ -178,6 +176,17 @@ export async function confirm(
     }
   }
   throw timeout();
+}
+
+/**
+ * Whether our child, outside the instance cgroup, was moved out after its exec: it is the target by its own
+ * marks, in a cgroup other than ours. The js backend's placing wrapper, not placed yet, is still in ours (and
+ * runs its own program, unless the target's program is the shell itself).
+ */
+function movedOut(claim: Claim, live: ProcessIdentity, environ: EnvironReader): boolean {
+  const where = backend.cgroupOf(live.pid);
+  if (where === null || where === backend.cgroupOf(process.pid)) return false;
+  return judge({ ...claim, cgroup: null }, live, undefined, true, environ).ours;
 }
 
 /** Where the pid is and where it should be, for a rejection that says it is outside the instance cgroup. */

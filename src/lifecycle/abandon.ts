@@ -24,9 +24,9 @@ import { type Attempt, claimOf } from './launch.js';
  * signalled: a warning says why. With a cgroup, the cgroup is the attempt:
  * TERM to the child and target, cgroup.kill after the grace, `populated 0`,
  * and nothing outside it is looked at (but a pid function's target created
- * elsewhere, ended as above; and not our child either, where its launcher
- * moved it out after its exec: see letGo). Throws when something ours would not die
- * (the caller keeps the manifest). Returns the pids that were ended.
+ * elsewhere, ended as above), not even our child where its launcher moved it
+ * out after its exec (letGo). Throws when something ours would not die (the
+ * caller keeps the manifest). Returns the pids that were ended.
  */
 export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<number[]> {
   const child = a.childMovedOut && a.child ? letGo(a, a.child, emit) : a.child;

@@ -4,16 +4,17 @@
  * dies with stop(); a TERM-ignoring forker leaves no survivor; freeze, thaw,
  * usage and limits; a bystander carrying the token outside the cgroup is
  * never touched; a pid function's target created elsewhere runs with
- * cgroup null. Every test ends with no cgroup left behind.
+ * cgroup null; a target its launcher moved into another cgroup is refused
+ * as not ours and left alone. Every test ends with no cgroup left behind.
  */
 import { execFileSync, spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../src/backend/index.js';
 import { parseCgroupV2Line } from '../src/backend/procview.js';
 import { cgroupName } from '../src/process/cgroup.js';
-import type { SupervisorOptions } from '../src/index.js';
+import { inspect, type SupervisorOptions } from '../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from './helpers/cgroup.js';
 import { expectNoLeaks, processesWithMarker } from './helpers/leaks.js';
 import { counterWitness } from './helpers/quiet.js';
@@ -25,6 +26,7 @@ import {
   MARKER,
   procStat,
   SIGNAL_LOGGER,
+  startOf,
   waitFor,
 } from './helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from './helpers/supervisor.js';
@@ -317,6 +319,60 @@ describe(`instance cgroups (${backend.name})`, () => {
       killOwn(target);
     }
   });
+
+  // As `systemd-run --scope` does: a launcher writes itself into another cgroup's cgroup.procs ($0), then execs.
+  const MOVE_AND_EXEC = 'echo $$ > "$0/cgroup.procs" && exec "$1" -e "sleep 60" -- "$2" "$3"';
+  for (const pid of ['child', 'pidfile'] as const) {
+    it(`a target its launcher moved into another cgroup before exec (pid: ${pid}): ERR_CUSTODY_NOT_OURS names both cgroups; it is not signalled`, async (t) => {
+      t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+      const { supervisor, events } = await open();
+      const elsewhere = `${CGROUP_ROOT}-elsewhere`;
+      const pidfile = join(ctx!.root, 'daemon.pid');
+      mkdirSync(elsewhere);
+      let moved: { pid: number; start: string | null } | undefined;
+      try {
+        const err = (await supervisor
+          .launch({
+            id: 'moved',
+            command: '/bin/sh',
+            executable: PERL,
+            args: (tok) =>
+              pid === 'child'
+                ? ['-c', MOVE_AND_EXEC, elsewhere, PERL, tok, MARKER]
+                : [
+                    '-c',
+                    '/bin/sh -c "$0" "$1" "$2" "$3" "$4" & echo $! > "$5"',
+                    MOVE_AND_EXEC,
+                    elsewhere,
+                    PERL,
+                    tok,
+                    MARKER,
+                    pidfile,
+                  ],
+            ...(pid === 'pidfile' ? { pid: { file: pidfile } } : {}),
+          })
+          .catch((e: unknown) => e)) as Error & { code?: string; pid: number };
+        expect(err).toMatchObject({ code: 'ERR_CUSTODY_NOT_OURS' });
+        moved = { pid: err.pid, start: startOf(err.pid) };
+        const token = String(events.find((e) => e.type === 'launch')?.token);
+        expect(err.message).toContain(`it is in cgroup ${nodeOf(elsewhere)}, outside the instance's cgroup /`);
+        expect(err.message).toContain(`/${cgroupName('moved', token)}`);
+        // Not the instance's: left running where its launcher put it, never signalled.
+        expect(cgroupOfPid(err.pid)).toBe(nodeOf(elsewhere));
+        await waitFor(() => inspect(err.pid).argv[0] === PERL, 5000, 'the moved target to exec');
+        expect(inspect(err.pid).argv).toEqual([PERL, '-e', 'sleep 60', '--', token, MARKER]);
+        expect(startOf(err.pid)).toBe(moved.start);
+        // Our own child is let go with a warning; a daemon a launcher reported was never ours to hold.
+        if (pid === 'child') expect(events).toContainEqual(expect.objectContaining({ type: 'warning', pid: err.pid }));
+        expect(events).toContainEqual(expect.objectContaining({ type: 'abandon', id: 'moved' }));
+        expect(cgroupsBelow(CGROUP_ROOT).filter((d) => d.includes('/moved.'))).toEqual([]);
+      } finally {
+        if (moved && killOwn(moved.pid, { start: moved.start }))
+          await waitFor(() => procsOf(elsewhere).length === 0, 5000, 'the moved target to end');
+        rmdirSync(elsewhere);
+      }
+    });
+  }
 
   it("a pidfile launch: the launcher is placed, so the daemon it leaves behind is in the instance's cgroup", async (t) => {
     t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');

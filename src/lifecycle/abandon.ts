@@ -24,11 +24,12 @@ import { type Attempt, claimOf } from './launch.js';
  * signalled: a warning says why. With a cgroup, the cgroup is the attempt:
  * TERM to the child and target, cgroup.kill after the grace, `populated 0`,
  * and nothing outside it is looked at (but a pid function's target created
- * elsewhere, ended as above). Throws when something ours would not die
- * (the caller keeps the manifest). Returns the pids that were ended.
+ * elsewhere, ended as above), not even our child where its launcher moved it
+ * out after its exec (letGo). Throws when something ours would not die (the
+ * caller keeps the manifest). Returns the pids that were ended.
  */
 export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<number[]> {
-  const child = a.child;
+  const child = a.childMovedOut && a.child ? letGo(a, a.child, emit) : a.child;
   const cg = a.cgroup;
   const targetInside = !!a.target && (a.target === child || !cg || targetInCgroup(a));
   const onEscalate = ({ pid }: { pid: number }) =>
@@ -61,6 +62,21 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   if (child) await child.exited;
   removeDeclaredPaths(a.paths, emit, a.id);
   return settled.flatMap((r) => (r.status === 'fulfilled' ? r.value : []));
+}
+
+/**
+ * Our child, moved out of the attempt's cgroup after its exec (confirm refused it), is no longer the
+ * instance's: whoever moved it owns it now. Never signalled; its handle is closed, and it is still reaped
+ * whenever it exits. Returns null: nothing of the attempt is left to end by it.
+ */
+function letGo(a: Attempt, child: ProcessHandle, emit: Emit): null {
+  emit('warning', {
+    id: a.id,
+    pid: child.pid,
+    message: `pid ${child.pid} was moved out of the cgroup of ${a.id} after its exec: not the instance's, left running and not signalled`,
+  });
+  child.close();
+  return null;
 }
 
 /** Whether the attempt's target is in its cgroup (a pid function's may have been created elsewhere). */

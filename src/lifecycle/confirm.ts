@@ -5,11 +5,13 @@
  * inspection is a pure function, decideConfirm(), so its table is tested
  * without a process.
  */
+import { backend } from '../backend/index.js';
 import { ConfirmTimeoutError, NotOursError } from '../errors.js';
 import {
   describeRejection,
   judge,
   tokenMarks,
+  type CgroupPlaces,
   type Claim,
   type EnvironReader,
   type Rejection,
@@ -53,6 +55,12 @@ export interface ConfirmFacts {
   spins: number;
   /** Whether the confirm deadline has passed. */
   timedOut: boolean;
+  /**
+   * Our own child, outside the instance cgroup and outside ours, already showing the target's own marks
+   * (token, program, uid): it was placed, then moved out (a launcher writing itself into another cgroup's
+   * cgroup.procs, as `systemd-run --scope` does). See movedOut.
+   */
+  execdOutside?: boolean;
 }
 
 export type ConfirmStep =
@@ -73,6 +81,8 @@ export function decideConfirm(f: ConfirmFacts): ConfirmStep {
   // Our own child may still be exec'ing whatever it shows (only an environment that may not be read stays
   // so); a reported pid that is someone else's will not become ours by waiting.
   if (f.why && PERMANENT.has(f.why) && (!f.own || f.why === 'environ')) return { do: 'not-ours', why: f.why };
+  // Moved out after its exec: nothing brings it back, and waiting would end as "did not exec", which it did.
+  if (f.why === 'cgroup' && f.execdOutside) return { do: 'not-ours', why: 'cgroup' };
   if (f.why === null) return { do: 'confirmed' };
   // Exec'd (clone returns only then) but its argv not laid out yet: that takes microseconds, a timer a millisecond.
   if (f.own && f.argvEmpty && f.spins < MAX_ARGV_SPINS) return { do: 'spin' };
@@ -104,6 +114,7 @@ export async function confirm(
       // refused (ERR_CUSTODY_NOT_A_PROCESS), exhaustion thrown: only a vanished pid means "exited".
       const pinned = pin(pid, { reapIfChild: typeof a.pidSpec !== 'function', thread: 'refuse' });
       let why: Rejection | null = null;
+      let execdOutside = false;
       let live: ProcessIdentity | null = null;
       if (pinned && pinned.identity.state !== 'Z') {
         live = pinned.identity;
@@ -119,6 +130,7 @@ export async function confirm(
         // it, and only the exec'd target in the cgroup is it.
         const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
         why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
+        if (own && why === 'cgroup') execdOutside = movedOut(claim, live, environ);
       }
       const step = decideConfirm({
         own,
@@ -127,6 +139,7 @@ export async function confirm(
         argvEmpty: pinned?.identity.argv.length === 0,
         spins,
         timedOut: Date.now() >= deadline,
+        execdOutside,
       });
       if (step.do === 'confirmed' && pinned && live) {
         a.identity = live;
@@ -150,7 +163,8 @@ export async function confirm(
           throw exitedError(a, pid, reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT));
         }
         case 'not-ours':
-          throw new NotOursError(a.id, pid, describeRejection(pid, step.why));
+          if (step.why === 'cgroup' && own) a.childMovedOut = true;
+          throw new NotOursError(a.id, pid, describeRejection(pid, step.why, cgroupsOf(a, pid)));
         case 'spin':
           spins++;
           Atomics.wait(spinCell, 0, 0, ARGV_SPIN_MS);
@@ -162,4 +176,21 @@ export async function confirm(
     }
   }
   throw timeout();
+}
+
+/**
+ * Whether our child, outside the instance cgroup, was moved out after its exec: it is the target by its own
+ * marks, in a cgroup other than ours. The js backend's placing wrapper, not placed yet, is still in ours (and
+ * runs its own program, unless the target's program is the shell itself).
+ */
+function movedOut(claim: Claim, live: ProcessIdentity, environ: EnvironReader): boolean {
+  const where = backend.cgroupOf(live.pid);
+  if (where === null || where === backend.cgroupOf(process.pid)) return false;
+  return judge({ ...claim, cgroup: null }, live, undefined, true, environ).ours;
+}
+
+/** Where the pid is and where it should be, for a rejection that says it is outside the instance cgroup. */
+function cgroupsOf(a: Attempt, pid: number): CgroupPlaces | undefined {
+  if (!a.cgroup) return undefined;
+  return { where: backend.cgroupOf(pid), instance: a.cgroup.node };
 }

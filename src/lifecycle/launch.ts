@@ -184,6 +184,11 @@ export interface Attempt {
   launcherExits: boolean;
   /** The process we spawned (the target itself, or a launcher). */
   child: ProcessHandle | null;
+  /**
+   * Set by confirm: our child exec'd into the target and was then moved out of the attempt's cgroup (by its
+   * launcher, into a cgroup of someone else's). Not the instance's, so abandon leaves it alone.
+   */
+  childMovedOut?: boolean;
   /** The session custody created for the attempt (the detached child leads it), whose every process is the attempt's. */
   session: number | null;
   /** The confirmed target, pinned by the inspection that confirmed it. */

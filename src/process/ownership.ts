@@ -293,8 +293,14 @@ function inMemberSession(live: ProcessIdentity, members: Members): boolean {
   );
 }
 
-/** The message a rejection event carries. */
-export function describeRejection(pid: number, why: Rejection): string {
+/** For a `cgroup` rejection: the cgroup the process is in (null: gone meanwhile) and the instance's, as /proc/<pid>/cgroup names them. */
+export interface CgroupPlaces {
+  where: string | null;
+  instance: string;
+}
+
+/** The message a rejection event carries; a `cgroup` one names both cgroups where the caller read them. */
+export function describeRejection(pid: number, why: Rejection, cgroups?: CgroupPlaces): string {
   const text: Record<Rejection, string> = {
     init: 'it is pid 1',
     self: 'it is this process',
@@ -309,7 +315,11 @@ export function describeRejection(pid: number, why: Rejection): string {
     argv: 'its argv is not the launched argv',
     launcher: "it still runs the launcher's program (a fork before exec)",
     program: 'the launch named no executable to prove it by (give LaunchSpec.executable)',
-    cgroup: "it is not in the instance's cgroup",
+    cgroup: !cgroups
+      ? "it is not in the instance's cgroup"
+      : cgroups.where === null
+        ? `it is not in the instance's cgroup ${cgroups.instance}`
+        : `it is in cgroup ${cgroups.where}, outside the instance's cgroup ${cgroups.instance}`,
   };
   return `pid ${pid} is not taken for the instance: ${text[why]}`;
 }

@@ -206,10 +206,19 @@ export type StartingStep =
  * launch's ended and the state cleaned; quarantined where it cannot be told.
  */
 export function decideStarting(f: StartingFacts): StartingStep {
-  // Placed before exec, nothing of the launch ran outside its cgroup, and
-  // a cgroup with a process in it cannot be removed: none is left. (A pid
-  // function's target may live elsewhere: it is looked for as without one.)
-  if (f.cgroup === 'gone' && f.pidSource !== 'function') return { do: 'clean', reason: 'gone', graceMs: 0 };
+  // Placed before exec, nothing of the launch ran outside its cgroup, and a
+  // cgroup with a process in it cannot be removed: what of it still runs was
+  // moved out (root can), and outside its cgroup nothing is signalled. Its
+  // target, found by its own marks, is recorded (quarantined) rather than
+  // cleaned away while it runs. (A pid function's target may live
+  // elsewhere: it is looked for as without one.)
+  if (f.cgroup === 'gone' && f.pidSource !== 'function') {
+    if (f.pidfileRefused) return quarantined('unprovable', 'pidfile', true);
+    if (f.found === undefined) return { do: 'look' };
+    if (f.found) return quarantined('mismatch', 'cgroup', true);
+    if (f.unreadable > 0) return quarantined('unprovable', 'environ', true);
+    return { do: 'clean', reason: 'gone', graceMs: 0 };
+  }
   // The launch's child may still be a fork of the dead supervisor, cut off
   // between clone and exec: no token yet, and it may exec into the target (or
   // its launcher) at any moment. Nothing is decided before it has: a clean

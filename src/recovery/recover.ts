@@ -28,7 +28,7 @@ import type { RecoveryHost, RecoveryReport } from './host.js';
 import { PinsAhead } from './pins.js';
 import { type Confirmed, recoverRunning } from './running.js';
 import { TokenScan } from './scan.js';
-import { InterruptedLaunches } from './starting.js';
+import { InterruptedLaunches, isInterrupted } from './starting.js';
 import { finishStop } from './stopping.js';
 
 export { STARTING_CONFIRM_MS } from './decide.js';
@@ -45,9 +45,7 @@ export async function recover(host: RecoveryHost): Promise<RecoveryReport> {
   const readable = manifests.flatMap((e) => (e.read instanceof Error ? [] : [e.read]));
   // Found by token, in ONE scan: the interrupted launches, and the stops cut off (a cgroup, where there is
   // one, names their members instead, but which is this supervisor's is known only as each is judged).
-  const scan = new TokenScan(
-    readable.filter((m) => (m.state === 'starting' && m.identity === null) || m.state === 'stopping'),
-  );
+  const scan = new TokenScan(readable.filter((m) => isInterrupted(m) || m.state === 'stopping'));
   // The recorded pids of the confirmed processes, pinned ahead in the order they come below.
   const ahead = new PinsAhead(fx.platform.provable ? readable.flatMap(recordedPidToJudge) : []);
   const launches = new InterruptedLaunches(fx, scan);
@@ -83,7 +81,7 @@ async function recoverOne(
   }
   if (o.do === 'adopt' && isConfirmed(m)) return adoptUnproven(fx, m);
   if (isConfirmed(m)) return recoverRunning(fx, ahead, m);
-  if (m.state === 'starting') return launches.recover(m);
+  if (isInterrupted(m)) return launches.recover(m);
   if (m.state === 'stopping') return finishStop(fx, ahead, scan, m);
 }
 

@@ -6,7 +6,9 @@
  * or its fork is never taken for its target; a carrier the rule rejects is
  * left alone). Carriers that never become a target within the confirm bound
  * (a launcher whose target never exec'd) are ended as abandon would have,
- * only where they are provably custody's launcher or target.
+ * only where they are provably custody's launcher or target. Where its
+ * cgroup is gone, whatever of it runs was moved out: its target, found by
+ * its own marks, is quarantined with its pid, never signalled nor cleaned away.
  */
 import { backend } from '../backend/index.js';
 import { BadPidfileError } from '../errors.js';
@@ -20,7 +22,7 @@ import type { Manifest, RunningManifest, StartingManifest } from '../state/manif
 import { backoff } from '../timing.js';
 import { launcherClaim, targetClaim } from './claims.js';
 import { decideStarting, LEFTOVER_GRACE_MS, STARTING_CONFIRM_MS, type StartingFacts } from './decide.js';
-import type { RecoveryEffects } from './effects.js';
+import type { Quarantined, RecoveryEffects } from './effects.js';
 import { type Pinned, pin } from './pins.js';
 import type { TokenScan } from './scan.js';
 
@@ -37,6 +39,17 @@ export function rejectCarrier(emit: Emit, m: Manifest, pid: number, j: Judgement
     unreadable.add(pid);
   }
   emit('warning', { id: m.id, pid, reason: j.why, message: `recovery of ${m.id}: ${describeRejection(pid, j.why)}` });
+}
+
+/**
+ * A launch cut off before confirm: the only kind judged here. One cut off after confirm (readiness pending)
+ * carries its confirmed identity and is judged as a running instance is (running.ts), whatever became of
+ * its cgroup: one judge, so a rule for a main process that left its cgroup holds for both.
+ */
+export type Interrupted = StartingManifest & { identity: null };
+
+export function isInterrupted(m: Manifest): m is Interrupted {
+  return m.state === 'starting' && m.identity === null;
 }
 
 export class InterruptedLaunches {
@@ -63,7 +76,7 @@ export class InterruptedLaunches {
     return set;
   }
 
-  async recover(m: StartingManifest): Promise<void> {
+  async recover(m: Interrupted): Promise<void> {
     const fx = this.#fx;
     const c = fx.cgroupOf(m);
     const group = c === 'gone' ? null : c;
@@ -154,6 +167,9 @@ export class InterruptedLaunches {
             chosen = null;
             return await this.#adopt(m, p, group);
           }
+          case 'quarantine':
+            if (chosen) return await this.#movedOut(m, chosen, step);
+            return await fx.conclude(m, step);
           default:
             return await fx.conclude(m, step);
         }
@@ -185,6 +201,18 @@ export class InterruptedLaunches {
       pid: chosen.identity.pid,
       message: `${m.id}: a launch interrupted mid-way was found and adopted`,
     });
+  }
+
+  /** Its target, found by its own marks outside the cgroup that was removed: recorded for the operator, never signalled. */
+  async #movedOut(m: Interrupted, found: Pinned, o: Quarantined): Promise<void> {
+    const { pid } = found.identity;
+    this.#fx.emit('warning', {
+      id: m.id,
+      pid,
+      message: `recovery of ${m.id}: pid ${pid} shows its launch's marks in cgroup ${backend.cgroupOf(pid)}, and its own cgroup ${m.cgroup?.path} is gone: moved out, so not signalled; quarantined for the operator`,
+    });
+    const entry = await this.#fx.quarantine(m.id, m, o);
+    entry.pid = pid;
   }
 
   /** The interrupted launch's target among the candidates, pinned; null when there is none (yet). Members of its cgroup that are not it are not reported. */

@@ -70,6 +70,21 @@ describe('decideConfirm', () => {
     ["our child's argv not laid out yet: spin", { why: 'token', argvEmpty: true }, { do: 'spin' }],
     ['spun enough: wait on a timer', { why: 'token', argvEmpty: true, spins: 40 }, { do: 'retry' }],
     ['past the deadline: timeout', { why: 'expect', timedOut: true }, { do: 'timeout' }],
+    [
+      'our child outside the cgroup, showing the target by its own marks (moved out after its exec): not ours, at once',
+      { why: 'cgroup', execdOutside: true },
+      { do: 'not-ours', why: 'cgroup' },
+    ],
+    [
+      'our child outside the cgroup, still its own program (a wrapper not placed yet): later',
+      { why: 'cgroup' },
+      { do: 'retry' },
+    ],
+    [
+      'a reported pid outside the cgroup: not ours, at once',
+      { own: false, why: 'cgroup' },
+      { do: 'not-ours', why: 'cgroup' },
+    ],
   ];
   it.each(cases)('%s', (_, more, step) => {
     expect(decideConfirm(facts(more))).toEqual(step);

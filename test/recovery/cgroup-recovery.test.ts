@@ -4,6 +4,9 @@
  * an interrupted launch is looked for among its cgroup's members only, so a
  * bystander carrying its token outside is neither adopted nor signalled; the
  * leftovers of an instance whose main process died are ended with it; a
+ * launch whose target was moved out and its cgroup removed while no
+ * supervisor ran is never cleaned while that target runs (after confirm it
+ * goes the way a running instance does; before, it is quarantined); a
  * cgroup no manifest names is reported and left alone, or removed if empty.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
@@ -13,10 +16,10 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { packageRoot } from '../../src/backend/addon.js';
 import { backend } from '../../src/backend/index.js';
 import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
-import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, procsOf } from '../helpers/cgroup.js';
+import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, nodeOf, procsOf } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';
-import { isGone, killAndWait, loggedSignals, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
+import { endOwn, isGone, killAndWait, loggedSignals, MARKER, startOf, tmpDir, waitFor } from '../helpers/procs.js';
 import { GATED_PERL_LAUNCH, PERL } from '../helpers/supervisor.js';
 
 // Registered before the cleanups, so it runs after them: each test's undo removes what it made.
@@ -27,6 +30,12 @@ const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
 
 const ESCAPER = `use POSIX (); my $p = fork; if (!$p) { POSIX::setsid(); exec($^X, '-e', 'sleep 60', '--', 'escapee', $ARGV[1]) if !fork; POSIX::_exit(0) } waitpid($p, 0); sleep 60`;
+/** The manifest custody wrote at `file`, as far as these tests read it; null while there is none. */
+function readManifest(
+  file: string,
+): { state: string; identity: { pid: number } | null; cgroup: { path: string } | null } | null {
+  return existsSync(file) ? JSON.parse(readFileSync(file, 'utf8')) : null;
+}
 const escapee = () => processesWithMarker(MARKER).find((p) => p.cmd.includes(' escapee ') && p.state !== 'Z');
 
 /** A state dir and the means to open supervisors on it, in this process or in another one (to SIGKILL). */
@@ -54,15 +63,20 @@ function stateDir() {
       sups.push(r.supervisor);
       return { ...r, events };
     },
-    /** Runs `launch` (a LaunchSpec's source text) in a supervisor in another process; resolves with what it printed first. */
-    holder(launch: string): { child: ChildProcess; line: Promise<string> } {
+    /**
+     * Runs each of `launches` (a LaunchSpec's source text), one after another, in a supervisor in another
+     * process; resolves with what it printed first (the first instance).
+     */
+    holder(...launches: string[]): { child: ChildProcess; line: Promise<string> } {
       const script = `
         const { Supervisor } = await import(${JSON.stringify(join(packageRoot, 'dist', 'index.js'))});
         const { writeFileSync } = await import('node:fs');
         const { supervisor } = await Supervisor.open({ stateDir: ${JSON.stringify(state)}, cgroup: { root: ${JSON.stringify(CGROUP_ROOT)} }, onEvent: () => {} });
-        const inst = await supervisor.launch(${launch});
-        console.log(JSON.stringify({ pid: inst.pid, cgroup: inst.cgroup }));
-        setInterval(() => {}, 1000);`;
+        setInterval(() => {}, 1000);
+        for (const spec of [${launches.join(', ')}]) {
+          const inst = await supervisor.launch(spec);
+          console.log(JSON.stringify({ pid: inst.pid, cgroup: inst.cgroup }));
+        }`;
       const child = cpSpawn(process.execPath, ['--input-type=module', '-e', script], {
         stdio: ['ignore', 'pipe', 'inherit'],
         env: { ...process.env, CUSTODY_BACKEND: backend.name },
@@ -173,6 +187,99 @@ describe(`recovery with instance cgroups (${backend.name})`, () => {
     expect(isGone(b.pid!)).toBe(false);
     expect(loggedSignals(log)).toEqual([]);
     expect(events.some((e) => e.type === 'warning' && e.id === 'vm' && Array.isArray(e.pids))).toBe(true);
+  });
+
+  it('a launch cut off before readiness, its target moved out and its cgroup removed, is judged as a running instance is: never cleaned while it runs', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const s = stateDir();
+    const sleeper = `args: (t) => ['-e', 'sleep 60', '--', t, ${JSON.stringify(MARKER)}]`;
+    // A running twin first; then a launch confirmed whose readiness never comes: its manifest is `starting`
+    // with the confirmed identity when the holder dies.
+    const h = s.holder(
+      `{ id: 'run', command: ${JSON.stringify(PERL)}, ${sleeper} }`,
+      `{ id: 'vm', command: ${JSON.stringify(PERL)}, ${sleeper}, readyTimeoutMs: 60000, ready: () => new Promise(() => {}) }`,
+    );
+    await h.line;
+    const onDisk = (id: string) => readManifest(join(s.state, id, 'manifest.json'));
+    const vm = await waitFor(() => onDisk('vm')?.identity && onDisk('vm'), 10_000, 'the confirmed identity on disk');
+    const run = onDisk('run')!;
+    expect([run.state, vm.state]).toEqual(['running', 'starting']);
+    const targets = [run, vm].map((m) => ({ pid: m.identity!.pid, start: startOf(m.identity!.pid) }));
+    await sigkill(h.child);
+    // While no supervisor runs, both targets are moved into a cgroup of the test's own and their cgroups removed.
+    const elsewhere = join(CGROUP_ROOT, 'elsewhere');
+    mkdirSync(elsewhere);
+    cleanups.push(async () => {
+      await endOwn(targets);
+      await waitFor(() => procsOf(elsewhere).length === 0, 5000, 'the moved targets to end');
+      rmdirSync(elsewhere);
+    });
+    for (const m of [run, vm]) {
+      writeFileSync(join(elsewhere, 'cgroup.procs'), String(m.identity!.pid));
+      rmdirSync(m.cgroup!.path);
+    }
+    const { report } = await s.open();
+    const outcome = (id: string) => {
+      for (const kind of ['adopted', 'repaired', 'cleaned', 'quarantined', 'deferred'] as const) {
+        const e = report[kind].find((x) => x.id === id);
+        if (e) return { kind, field: 'field' in e ? e.field : undefined, reason: kind === 'adopted' ? '' : e.reason };
+      }
+      return null;
+    };
+    expect(report.cleaned).toEqual([]);
+    // Whichever way the running rule goes for a main outside its cgroup, the confirmed launch goes the same way.
+    expect(outcome('run')).not.toBeNull();
+    expect(outcome('vm')).toEqual(outcome('run'));
+    for (const { pid } of targets) expect(isGone(pid)).toBe(false);
+  });
+
+  it('a launch cut off before confirm, its target moved out and its cgroup removed: quarantined with its pid, not cleaned, not signalled', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const s = stateDir();
+    const tokenFile = join(s.root, 'token');
+    const gate = join(s.root, 'go');
+    const h = s.holder(`{ id: 'vm', command: '/bin/sh', executable: ${JSON.stringify(PERL)}, confirmTimeoutMs: 10000,
+      args: (t) => { writeFileSync(${JSON.stringify(tokenFile)}, t); return ['-c', ${JSON.stringify(GATED_PERL_LAUNCH)}, ${JSON.stringify(PERL)}, t, ${JSON.stringify(MARKER)}, ${JSON.stringify(gate)}]; } }`);
+    const token = await waitFor(
+      () => (existsSync(tokenFile) ? readFileSync(tokenFile, 'utf8') : null),
+      10_000,
+      'the launch to start',
+    );
+    const launcher = await waitFor(
+      () => processesWithMarker(token).find((p) => p.cmd.startsWith('/bin/sh')),
+      5000,
+      'the launcher',
+    );
+    await sigkill(h.child);
+    // The launcher execs its target (the same pid) only now, with no supervisor to confirm it.
+    writeFileSync(gate, '');
+    await waitFor(() => inspect(launcher.pid).argv[0] === PERL, 5000, 'the target to exec');
+    const target = { pid: launcher.pid, start: startOf(launcher.pid) };
+    const m = readManifest(join(s.state, 'vm', 'manifest.json'))!;
+    expect(m.identity).toBeNull();
+    const elsewhere = join(CGROUP_ROOT, 'elsewhere');
+    mkdirSync(elsewhere);
+    cleanups.push(async () => {
+      await endOwn([target]);
+      await waitFor(() => procsOf(elsewhere).length === 0, 5000, 'the moved target to end');
+      rmdirSync(elsewhere);
+    });
+    writeFileSync(join(elsewhere, 'cgroup.procs'), String(target.pid));
+    rmdirSync(m.cgroup!.path);
+    const { report, events } = await s.open();
+    expect(report.cleaned).toEqual([]);
+    expect(report.quarantined).toEqual([{ id: 'vm', pid: target.pid, reason: 'mismatch', field: 'cgroup' }]);
+    expect(events).toContainEqual(
+      expect.objectContaining({
+        type: 'warning',
+        id: 'vm',
+        pid: target.pid,
+        message: expect.stringContaining(nodeOf(elsewhere)),
+      }),
+    );
+    expect(isGone(target.pid)).toBe(false);
+    expect(startOf(target.pid)).toBe(target.start);
+    expect(readManifest(join(s.state, 'vm', 'manifest.json'))?.state).toBe('quarantined');
   });
 
   it('an instance whose main process died while no supervisor ran: what it left in its cgroup is ended with it', async (t) => {

@@ -277,7 +277,32 @@ describe('decideStarting', () => {
     ...more,
   });
   const cases: Array<[string, Partial<StartingFacts>, unknown]> = [
-    ['its cgroup is gone: nothing of it is left', { cgroup: 'gone' }, { do: 'clean', reason: 'gone', graceMs: 0 }],
+    ['its cgroup is gone: its target is looked for outside it (moved out)', { cgroup: 'gone' }, { do: 'look' }],
+    [
+      '... found by its own marks: recorded (quarantined), never signalled',
+      { cgroup: 'gone', found: true },
+      { do: 'quarantine', reason: 'mismatch', field: 'cgroup', persist: true },
+    ],
+    [
+      '... none: nothing of it is left, cleaned without a wait or a signal',
+      { cgroup: 'gone', found: false, waitable: 1, timedOut: false },
+      { do: 'clean', reason: 'gone', graceMs: 0 },
+    ],
+    [
+      '... a carrier whose environment may not be read: unprovable, never gone',
+      { cgroup: 'gone', found: false, unreadable: 1 },
+      { do: 'quarantine', reason: 'unprovable', field: 'environ' },
+    ],
+    [
+      '... a refused pidfile names nothing: kept, never signalled',
+      { cgroup: 'gone', pidSource: 'file', pidfileRefused: true },
+      { do: 'quarantine', reason: 'unprovable', field: 'pidfile' },
+    ],
+    [
+      '... no fork of the dead supervisor is waited for: one could not have joined a removed cgroup',
+      { cgroup: 'gone', preExec: undefined },
+      { do: 'look' },
+    ],
     ['first the forks short of their exec are looked at', { preExec: undefined }, { do: 'look-forks' }],
     [
       '... before anything else is decided, even for a pid function naming no program',

@@ -134,7 +134,14 @@ async function endTree(
         extra.push(pinned.handle);
         continue;
       }
-      pinned.handle.close();
+      let leftBehind: boolean;
+      try {
+        // Pid 1, ourselves and our ancestors were there before the launch: never what it left behind. The
+        // environment is read while the pin holds: the read is checked against it.
+        leftBehind = verdict.why !== 'gone' && !protectedPid(p.pid) && carriesToken(a, pinned.environ);
+      } finally {
+        pinned.handle.close();
+      }
       // In env mode most candidates are merely the same program: only a token carrier is worth a warning.
       if (a.tokenMode === 'env' && verdict.why === 'token') continue;
       if (verdict.why === 'gone') continue;
@@ -144,9 +151,7 @@ async function endTree(
         reason: verdict.why,
         message: `abandon left ${describeRejection(p.pid, verdict.why)}`,
       });
-      // Pid 1, ourselves and our ancestors were there before the launch: never what it left behind.
-      if (!protectedPid(p.pid) && carriesToken(a, pinned.environ))
-        rejected.push({ pid: p.pid, why: verdict.why, startTicks: pinned.identity.startTicks });
+      if (leftBehind) rejected.push({ pid: p.pid, why: verdict.why, startTicks: pinned.identity.startTicks });
     }
     const { members } = await terminateMembers([...roots, ...extra], {
       session,

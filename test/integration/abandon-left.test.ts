@@ -10,8 +10,8 @@
 // (`abandon-left`) until released. Skipped, saying why, where QEMU or dnsmasq
 // is not installed (.ci/run installs both), and without root for what needs
 // another uid.
-import { execFile } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { spawn as cpSpawn, execFile } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, realpathSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, type TestContext } from 'vitest';
 import { backend } from '../../src/backend/index.js';
@@ -89,6 +89,15 @@ async function failedQemuLaunch(qemu: string, extra: string[], spec: Partial<Lau
     .catch((e: unknown) => e);
   return { err, qmp, pidfile, vm: await named };
 }
+
+/** A process's argv, [] when it has none (gone, or not exec'd yet). */
+const procArgv = (pid: number) => {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean);
+  } catch {
+    return [];
+  }
+};
 
 const onlyOf = (events: CustodyEvent[], type: CustodyEvent['type']) => events.filter((e) => e.type === type);
 
@@ -251,5 +260,55 @@ os.read(r, 1)`;
     }
     rmSync(pidfile);
     expect(readdirSync(ctx.root).filter((n) => n !== 'state')).toEqual([]);
+  }, 30_000);
+  it("env mode: another uid's process of the launched program counts only if its environment carries the token", async (t) => {
+    needRoot(t);
+    // Not a python under /root: nobody must be able to run it.
+    const python = realpathSync('/usr/bin/python3');
+    ctx = await openSupervisor();
+    const started: Array<{ pid: number; start: string | null }> = [];
+    /** The launched program as nobody, with or without the launch's token in its environment. */
+    const asNobody = async (token: string | null) => {
+      const env = { ...plainEnv(), ...(token ? { CUSTODY_TOKEN: token } : {}) };
+      const child = cpSpawn(
+        'setpriv',
+        ['--reuid=65534', '--regid=65534', '--clear-groups', '--', python, '-c', 'import time; time.sleep(30)', MARKER],
+        { stdio: 'ignore', env },
+      );
+      child.unref();
+      const pid = child.pid!;
+      await waitFor(() => procArgv(pid)[0] === python, 5000, 'the process as nobody');
+      const own = { pid, start: startOf(pid) };
+      started.push(own);
+      daemons.push(own);
+      return own;
+    };
+    const launch = (id: string, withToken: boolean) =>
+      ctx!.supervisor
+        .launch({
+          id,
+          command: python,
+          args: ['-c', 'import time; time.sleep(30)', MARKER],
+          token: 'env',
+          executable: python,
+          ready: async (inst) => {
+            await asNobody(withToken ? inst.token : null);
+            throw new Error('not ready, ever');
+          },
+        })
+        .catch((e: unknown) => e);
+    // The same program, without the token: no reason to keep anything.
+    expect(await launch('plain', false)).toMatchObject({ message: 'not ready, ever' });
+    expect(ctx.supervisor.list()).toEqual([]);
+    // With it: never signalled, and the id is quarantined.
+    const err = await launch('carried', true);
+    const carrier = started[1]!;
+    expect(err).toMatchObject({ message: expect.stringContaining(`abandon left pid ${carrier.pid} (uid)`) });
+    expect(ctx.supervisor.list()).toEqual([
+      expect.objectContaining({ id: 'carried', status: 'quarantined', field: String(carrier.pid) }),
+    ]);
+    expect(started.map((s) => goneSince(s.pid, s.start))).toEqual([false, false]);
+    await endOwn(daemons.splice(0));
+    await ctx.supervisor.release('carried');
   }, 30_000);
 });

@@ -358,13 +358,13 @@ async function quarantineLeft(
   } catch (writeErr) {
     host.emit('warning', {
       id,
-      message: `could not persist the quarantine of ${id} (${(writeErr as Error).message}); it holds until this supervisor closes`,
+      message: `could not persist the quarantine of ${id} (${(writeErr as Error).message}): it holds in memory only, and recovery judges its starting manifest afresh`,
     });
   }
   host.table.move(id, { status: 'quarantined', manifest: quarantined, reason: ABANDON_LEFT, field });
   const pids = left.map((l) => `pid ${l.pid} (${l.why})`).join(', ');
   const note = `abandon left ${pids} running, never signalled: ${id} is quarantined (${ABANDON_LEFT}) and its declared paths are kept; once what is left is dealt with, \`custody release ${id}\``;
-  host.emit('quarantine', { id, reason: ABANDON_LEFT, field, message: `${id} quarantined: ${note}` });
+  host.emit('quarantine', { id, reason: ABANDON_LEFT, field, message: note });
   if (err instanceof Error) err.message = `${err.message}; ${note}`;
 }
 

@@ -1,35 +1,69 @@
 /**
  * Undoing a failed launch attempt: everything it started ends (by cgroup, or
- * by descent, session and the token carriers the ownership rule accepts),
- * our child is reaped, and its declared paths go. Apart from confirm and
- * readiness because it is also the path every failure, abort and retry takes.
+ * by descent, session, the launcher's own fork and the token carriers the
+ * ownership rule accepts), our child is reaped, and its declared paths go,
+ * unless a carrier the rule rejected is still running: its paths are then
+ * kept, and the caller quarantines the id. Apart from confirm and readiness
+ * because it is also the path every failure, abort and retry takes.
  */
 import { backend } from '../backend/index.js';
 import type { Emit } from '../events.js';
 import type { ProcessHandle } from '../process/handle.js';
-import { describeRejection, isMember, judge, mayCarryEnvToken } from '../process/ownership.js';
+import { isTransient } from '../process/identity.js';
+import {
+  type Claim,
+  describeRejection,
+  type EnvironReader,
+  envToken,
+  isMember,
+  judge,
+  mayCarryEnvToken,
+  protectedPid,
+  type Rejection,
+} from '../process/ownership.js';
 import { pin } from '../process/pin.js';
 import { terminate } from '../process/terminate.js';
 import { terminateCgroup, terminateMembers } from '../process/tree.js';
 import { removeDeclaredPaths } from '../state/paths.js';
+import type { ProcessIdentity } from '../types.js';
 import { type Attempt, claimOf } from './launch.js';
+import { readPidfile } from './pidfile.js';
+
+/** A carrier of the attempt's token that abandon would not signal, still running when it was done. */
+export interface LeftProcess {
+  pid: number;
+  /** Why the ownership rule did not take it for the attempt's. */
+  why: Rejection;
+}
+
+/** What an abandon did: the pids it ended, and what it left running (never signalled). */
+export interface Abandoned {
+  ended: number[];
+  /** Non-empty: the declared paths were kept, since a process left running may be using them. */
+  left: LeftProcess[];
+}
 
 /**
  * Undoes an attempt: the child we spawned (ours by birth), the confirmed
  * target, everything that descends from them or stays in the session we
- * created, and token carriers the ownership rule accepts (a daemon that
- * double-forked away) get TERM, a bounded wait, KILL, rescans until none is
- * left; our child is reaped; then the declared paths go. A carrier the rule
- * rejects (an operator's `tail -f <token>.log`, another uid's copy) is never
- * signalled: a warning says why. With a cgroup, the cgroup is the attempt:
- * TERM to the child and target, cgroup.kill after the grace, `populated 0`,
- * and nothing outside it is looked at (but a pid function's target created
- * elsewhere, ended as above), not even our child where its launcher moved it
- * out after its exec (letGo). Throws when something ours would not die (the
- * caller keeps the manifest). Returns the pids that were ended.
+ * created, the launcher's own fork the pidfile names, and token carriers the
+ * ownership rule accepts (a daemon that double-forked away) get TERM, a
+ * bounded wait, KILL, rescans until none is left; our child is reaped; then
+ * the declared paths go. A carrier the rule rejects (an operator's `tail -f
+ * <token>.log`, another uid's copy, a daemon that dropped to a uid the launch
+ * did not declare) is never signalled: a warning says why, and while it runs
+ * the paths stay (it may be serving on them) and it is returned in `left`.
+ * With a cgroup, the cgroup is the attempt: TERM to the child and target,
+ * cgroup.kill after the grace, `populated 0`, and nothing outside it is
+ * looked at (but a pid function's target created elsewhere, ended as above),
+ * not even our child where its launcher moved it out after its exec (letGo:
+ * left running, so in `left` too). Throws when something ours would not die
+ * (the caller keeps the manifest).
  */
-export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<number[]> {
-  const child = a.childMovedOut && a.child ? letGo(a, a.child, emit) : a.child;
+export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<Abandoned> {
+  const movedOut = a.childMovedOut && a.child ? a.child : null;
+  const movedOutAlive = movedOut?.isAlive() === true;
+  const child = movedOut ? letGo(a, movedOut, emit) : a.child;
   const cg = a.cgroup;
   const targetInside = !!a.target && (a.target === child || !cg || targetInCgroup(a));
   const onEscalate = ({ pid }: { pid: number }) =>
@@ -41,13 +75,14 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   const inCgroup: ProcessHandle[] = [];
   if (child) inCgroup.push(child);
   if (a.target && a.target !== child && targetInside) inCgroup.push(a.target);
-  const ended: Array<Promise<number[]>> = [];
+  const ended: Array<Promise<Abandoned>> = [];
   if (cg) {
     const members = cg.procs();
     ended.push(
-      terminateCgroup(cg, inCgroup, { graceMs, onEscalate }).then(() => [
-        ...new Set([...inCgroup.map((h) => h.pid), ...members]),
-      ]),
+      terminateCgroup(cg, inCgroup, { graceMs, onEscalate }).then(() => ({
+        ended: [...new Set([...inCgroup.map((h) => h.pid), ...members])],
+        left: [],
+      })),
     );
   }
   const outside = cg ? (a.target && !targetInside ? [a.target] : []) : inCgroup;
@@ -60,8 +95,11 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   }
   // Our child is reaped by its watcher; wait for that so no zombie outlives abandon.
   if (child) await child.exited;
-  removeDeclaredPaths(a.paths, emit, a.id);
-  return settled.flatMap((r) => (r.status === 'fulfilled' ? r.value : []));
+  const done = settled.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  const left = done.flatMap((d) => d.left);
+  if (movedOut && movedOutAlive) left.push({ pid: movedOut.pid, why: 'cgroup' });
+  if (left.length === 0) removeDeclaredPaths(a.paths, emit, a.id);
+  return { ended: done.flatMap((d) => d.ended), left };
 }
 
 /**
@@ -91,9 +129,10 @@ async function endTree(
   graceMs: number,
   emit: Emit,
   onEscalate: (i: { pid: number }) => void,
-): Promise<number[]> {
+): Promise<Abandoned> {
   const rootPids = new Set(roots.map((r) => r.pid));
   const extra: ProcessHandle[] = [];
+  const rejected: Array<LeftProcess & { startTicks: number }> = [];
   const claim = claimOf(a);
   const launched = [a.command, ...a.argv];
   // Env mode: the token is in environments, read only of processes whose argv fits the launch.
@@ -104,26 +143,35 @@ async function endTree(
     // pidfile launch's does), its fork not exec'd yet. Freed and taken by a stranger only after all of it
     // left, within this attempt's bounds (a stop, later, asks for a member in it: sessionHeld).
     const session = a.session;
+    const named = pidfileNames(a);
     for (const p of await backend.listProcesses()) {
       if (rootPids.has(p.pid) || !candidate(p.argv)) continue;
       const pinned = pin(p.pid, { reapIfChild: true });
       if (!pinned) continue;
       // Re-checked under the pin: the scan alone proves nothing.
       const verdict = judge(claim, pinned.identity, { pids: rootPids, session }, false, pinned.environ);
-      if (verdict.ours) {
+      if (verdict.ours || (p.pid === named && isLaunchersFork(a, pinned.identity, pinned.environ))) {
         extra.push(pinned.handle);
         continue;
       }
-      pinned.handle.close();
+      let leftBehind: boolean;
+      try {
+        // Pid 1, ourselves and our ancestors were there before the launch: never what it left behind. The
+        // environment is read while the pin holds: the read is checked against it.
+        leftBehind = verdict.why !== 'gone' && !protectedPid(p.pid) && carriesToken(a, pinned.environ);
+      } finally {
+        pinned.handle.close();
+      }
       // In env mode most candidates are merely the same program: only a token carrier is worth a warning.
       if (a.tokenMode === 'env' && verdict.why === 'token') continue;
-      if (verdict.why !== 'gone')
-        emit('warning', {
-          id: a.id,
-          pid: p.pid,
-          reason: verdict.why,
-          message: `abandon left ${describeRejection(p.pid, verdict.why)}`,
-        });
+      if (verdict.why === 'gone') continue;
+      emit('warning', {
+        id: a.id,
+        pid: p.pid,
+        reason: verdict.why,
+        message: `abandon left ${describeRejection(p.pid, verdict.why)}`,
+      });
+      if (leftBehind) rejected.push({ pid: p.pid, why: verdict.why, startTicks: pinned.identity.startTicks });
     }
     const { members } = await terminateMembers([...roots, ...extra], {
       session,
@@ -132,7 +180,9 @@ async function endTree(
       reapIfChild: true,
       onEscalate,
     });
-    return members;
+    // Read once the rest is over: one that exited meanwhile (or was a member's after all) holds nothing.
+    const left = rejected.filter((r) => stillRuns(r.pid, r.startTicks)).map(({ pid, why }) => ({ pid, why }));
+    return { ended: members, left };
   } catch (err) {
     // A scan or a pin that failed (EMFILE) proves nothing gone, but the roots are ours by birth and by the
     // confirming inspection: they end all the same, and the error tells the caller to keep the state.
@@ -143,4 +193,62 @@ async function endTree(
   } finally {
     for (const h of extra) h.close();
   }
+}
+
+/** The pid a pidfile launch's pidfile names now; null for none, or one launch would refuse. */
+function pidfileNames(a: Attempt): number | null {
+  if (typeof a.pidSpec !== 'object') return null;
+  try {
+    return readPidfile(a.pidSpec.file);
+  } catch (err) {
+    // EMFILE opening it says nothing of what it names: no verdict, so the abandon is not proven.
+    if (isTransient((err as Error).cause)) throw err;
+    return null;
+  }
+}
+
+/**
+ * The launcher's own fork, which the pidfile names: a launcher that daemonizes
+ * without exec (QEMU -daemonize, a python daemon) leaves its target running
+ * the launcher's program, which confirm never takes for the target (without
+ * `executable` it cannot be told from the fork before an exec), yet it is the
+ * launch's: it carries the token, runs the launcher's program as our uid in our
+ * pid namespace, and started no earlier than the launcher. Abandon ends it.
+ */
+function isLaunchersFork(a: Attempt, live: ProcessIdentity, environ: EnvironReader | undefined): boolean {
+  const exe = a.launcherExe;
+  const since = a.launcherStartTicks;
+  if (!exe || since === null || since === undefined || live.startTicks < since) return false;
+  // Our uid only (uid null): a uid the launch declared is one its target may drop to, not its launcher.
+  const fork: Claim = {
+    token: a.token,
+    tokenMode: a.tokenMode,
+    expect: [],
+    program: { exe },
+    launcherExe: null,
+    uid: null,
+  };
+  return judge(fork, live, undefined, true, environ).ours;
+}
+
+/**
+ * Whether a rejected candidate is known to carry the attempt's token: in argv mode the scan chose it for
+ * that; in env mode it was chosen for its argv alone (the rule rejects another uid's before reading its
+ * environment), so only an environment that shows the token counts.
+ */
+function carriesToken(a: Attempt, environ: EnvironReader): boolean {
+  if (a.tokenMode !== 'env') return true;
+  try {
+    return envToken(environ()) === a.token;
+  } catch (err) {
+    // Exhaustion is no answer; unreadable, or gone, shows nothing of the launch's.
+    if (isTransient(err)) throw err;
+    return false;
+  }
+}
+
+/** Whether the process read at pid with these start ticks is still alive (not a zombie). */
+function stillRuns(pid: number, startTicks: number): boolean {
+  const st = backend.stat(pid);
+  return st !== null && st.startTicks === startTicks && st.state !== 'Z' && st.state !== 'X';
 }

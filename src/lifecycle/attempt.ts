@@ -15,13 +15,19 @@ import type { InstanceCgroup } from '../process/cgroup.js';
 import { type ProcessHandle, resolveExecutable } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
-import { MANIFEST_VERSION, type Manifest, type StartingManifest } from '../state/manifest.js';
+import {
+  ABANDON_LEFT,
+  MANIFEST_VERSION,
+  type Manifest,
+  type QuarantinedManifest,
+  type StartingManifest,
+} from '../state/manifest.js';
 import type { ProcessIdentity } from '../types.js';
 import { assertStringArray } from '../validate.js';
 import { track } from './exits.js';
 import type { LifecycleHost } from './host.js';
 import type { Starting } from './instances.js';
-import { abandon, targetInCgroup } from './abandon.js';
+import { type Abandoned, abandon, type LeftProcess, targetInCgroup } from './abandon.js';
 import { confirm } from './confirm.js';
 import {
   confirmedIdentity,
@@ -62,8 +68,10 @@ export async function launchInstance(host: LifecycleHost, spec: LaunchSpec): Pro
       } catch (err) {
         lastError = err;
         // Deferred: an attempt not proven undone; its state waits for recover(), not for another attempt.
-        const deferred = host.table.get(id)?.status === 'deferred';
-        if (err instanceof AbortError || err instanceof InvalidArgError || host.closed || deferred) throw err;
+        // Quarantined: one that left a process running; its paths are that process's until released.
+        const status = host.table.get(id)?.status;
+        const ended = status === 'deferred' || status === 'quarantined';
+        if (err instanceof AbortError || err instanceof InvalidArgError || host.closed || ended) throw err;
         if (n < attempts)
           host.emit('retry', {
             id,
@@ -289,9 +297,9 @@ async function run(
   } catch (err) {
     // Nothing said from here on counts.
     a.notify?.close();
-    let ended: number[];
+    let undone: Abandoned;
     try {
-      ended = await host.withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, host.emit));
+      undone = await host.withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, host.emit));
       // Proven empty: the cgroup goes, then the state.
       await a.cgroup?.remove();
     } catch (abandonErr) {
@@ -304,17 +312,61 @@ async function run(
       host.table.move(spec.id, { status: 'deferred', error: abandonErr as Error });
       throw err;
     }
+    if (undone.left.length > 0) {
+      await quarantineLeft(host, manifest, undone.left, err);
+      throw err;
+    }
     // State goes only now: every process of the attempt is proven gone.
     await removeState(host, spec.id);
     host.emit('abandon', {
       id: spec.id,
       attempt: attemptNo,
-      pids: ended,
+      pids: undone.ended,
       error: err,
       message: (err as Error).message,
     });
     throw err;
   }
+}
+
+/**
+ * An abandon that left running a carrier of the token it would not signal (a
+ * daemon that dropped to a uid the launch did not declare): the launch ends
+ * here, with no further attempt, the declared paths kept for what may be
+ * serving on them, and the id quarantined on disk until the operator, who
+ * can tell what it is, releases it. The launch's error says so.
+ */
+async function quarantineLeft(
+  host: LifecycleHost,
+  manifest: StartingManifest,
+  left: LeftProcess[],
+  err: unknown,
+): Promise<void> {
+  const { id } = manifest;
+  const at = new Date().toISOString();
+  const field = left.map((l) => l.pid).join(',');
+  // No identity (what confirm recorded, if anything, was ended), no cgroup (removed, proven empty).
+  const quarantined: QuarantinedManifest = {
+    ...manifest,
+    state: 'quarantined',
+    identity: null,
+    cgroup: null,
+    quarantine: { reason: ABANDON_LEFT, field, at },
+    updatedAt: at,
+  };
+  try {
+    await host.store.write(quarantined);
+  } catch (writeErr) {
+    host.emit('warning', {
+      id,
+      message: `could not persist the quarantine of ${id} (${(writeErr as Error).message}): it holds in memory only, and recovery judges its starting manifest afresh`,
+    });
+  }
+  host.table.move(id, { status: 'quarantined', manifest: quarantined, reason: ABANDON_LEFT, field });
+  const pids = left.map((l) => `pid ${l.pid} (${l.why})`).join(', ');
+  const note = `abandon left ${pids} running, never signalled: ${id} is quarantined (${ABANDON_LEFT}) and its declared paths are kept; once what is left is dealt with, \`custody release ${id}\``;
+  host.emit('quarantine', { id, reason: ABANDON_LEFT, field, message: note });
+  if (err instanceof Error) err.message = `${err.message}; ${note}`;
 }
 
 /** A pid function's launcher held the cgroup its target is not in: it goes once the launcher has exited, if nothing is left in it. */

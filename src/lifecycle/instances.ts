@@ -103,8 +103,9 @@ export type Untracked = 'untracked';
 export const MOVES: { readonly [S in TrackedStatus | Untracked]: readonly (TrackedStatus | Untracked)[] } = {
   // launch(); recovery's adopt, quarantine, deferral.
   untracked: ['starting', 'running', 'quarantined', 'deferred'],
-  // Confirmed and recorded; an abandon that could not prove the attempt undone; undone.
-  starting: ['running', 'deferred', 'untracked'],
+  // Confirmed and recorded; an abandon that could not prove the attempt undone; one that left a process
+  // running it would not signal (abandon-left); undone.
+  starting: ['running', 'deferred', 'quarantined', 'untracked'],
   // Exited on its own; a stop began.
   running: ['exited', 'stopping'],
   // Stopped (joins its cleanup), its cleanup failed halfway, remove(), a relaunch.

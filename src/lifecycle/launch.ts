@@ -178,6 +178,8 @@ export interface Attempt {
   executablePath: string | null;
   /** dev/ino of the spawned child's program (the launcher, in pidfile or function mode). */
   launcherExe?: { dev: number; ino: number } | null;
+  /** The launcher's start ticks: nothing started before them is the launch's own fork. */
+  launcherStartTicks?: number | null;
   paths: string[];
   pidSpec: PidSpec;
   /** With a pidfile: the launcher exits once the pidfile is written (Type=forking). */
@@ -252,9 +254,12 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   // child is the target.)
   if (a.pidSpec !== 'child') {
     try {
-      a.launcherExe = backend.inspect(child.pid).exe;
+      const launcher = backend.inspect(child.pid);
+      a.launcherExe = launcher.exe;
+      a.launcherStartTicks = launcher.startTicks;
     } catch {
       a.launcherExe = null;
+      a.launcherStartTicks = null;
     }
   }
   const stderr = spec.stderr;

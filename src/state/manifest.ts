@@ -99,13 +99,24 @@ export interface StoppingManifest extends ManifestFields {
   stoppingSince: string;
 }
 
+/**
+ * A quarantine's reason besides recovery's verdicts (`bad-manifest`, `unprovable`, `mismatch`, `reused`,
+ * `unrecorded`): a failed launch's abandon left running a carrier of its token that it would not signal
+ * (another uid's, say: a daemon that dropped to one the launch did not declare). Its field names the pids;
+ * the declared paths were kept for them.
+ */
+export const ABANDON_LEFT = 'abandon-left';
+
 export interface Quarantine {
   reason: string;
   field?: string;
   at: string;
 }
 
-/** Recovery could not prove it: kept for the operator, never signalled. A launch quarantined while starting has no identity. */
+/**
+ * Recovery could not prove it, or an abandon left a process running: kept for the operator, never signalled.
+ * A launch quarantined while starting has no identity.
+ */
 export interface QuarantinedManifest extends ManifestFields {
   state: 'quarantined';
   identity: ProcessIdentity | null;

@@ -7,7 +7,7 @@
 // (examples/qmp.js), the graceful stop QMP `quit`. Skipped, saying why, where
 // QEMU is not installed (Debian: apt-get install qemu-system-x86).
 import { spawn as cpSpawn, execFile, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it, type TestContext } from 'vitest';
 import { qmpQuit, qmpReady, qmpStatus } from '../../examples/qmp.js';
@@ -17,20 +17,8 @@ import { Supervisor, type CustodyEvent } from '../../src/index.js';
 import { expectNoLeaks, processesWithEnvMarker, processesWithMarker } from '../helpers/leaks.js';
 import { isGone, killAndWait, MARKER, waitFor } from '../helpers/procs.js';
 import { FIXTURES, openSupervisor, PYTHON } from '../helpers/supervisor.js';
+import { installed, qemuArgs } from './programs.js';
 import { plainEnv } from './plain-env.js';
-
-/** A program's path if it is installed (PATH and the sbin dirs a non-login shell may lack). */
-function installed(name: string): string | null {
-  for (const dir of [...(process.env.PATH ?? '').split(':'), '/usr/sbin', '/sbin', '/usr/bin']) {
-    const p = join(dir, name);
-    try {
-      if (dir && statSync(p).isFile()) return p;
-    } catch {
-      // not here
-    }
-  }
-  return null;
-}
 
 const QEMU = installed('qemu-system-x86_64');
 const SSD = installed('start-stop-daemon');
@@ -63,20 +51,6 @@ afterEach(async () => {
   for (const s of strangers.splice(0)) await killAndWait(s);
   await ctx?.dispose();
 });
-
-/** A QEMU that idles cheaply: no machine, no devices, no display; QMP on a unix socket; named after the token. */
-const qemuArgs = (token: string, qmp: string, extra: string[] = []) => [
-  '-name',
-  `${MARKER}-${token}`,
-  '-machine',
-  'none',
-  '-nodefaults',
-  '-display',
-  'none',
-  '-qmp',
-  `unix:${qmp},server=on,wait=off`,
-  ...extra,
-];
 
 /** start-stop-daemon's argv for a background start: it forks, writes the pidfile (the fork's pid), then the fork execs. */
 const ssd = (pidfile: string, exec: string, args: string[]) => [

@@ -65,6 +65,7 @@ const expected = new Set([
   'untracked>deferred',
   'starting>running',
   'starting>deferred',
+  'starting>quarantined',
   'starting>untracked',
   'running>exited',
   'running>stopping',

@@ -125,7 +125,7 @@ describe('an attempt, step by step', () => {
     await confirm(a, pid, deadline, 5000);
     expect(a.target).toBe(child);
     expect(a.identity).toMatchObject({ pid, argv: [PERL, ...a.argv] });
-    expect(await abandon(a, 2000, noEvents)).toContain(pid);
+    expect((await abandon(a, 2000, noEvents)).ended).toContain(pid);
     expect(child.hasExited).toBe(true);
     expect(isGone(pid)).toBe(true);
   });
@@ -180,7 +180,7 @@ describe('an attempt, step by step', () => {
       setTimeout(() => ac.abort(new Error('cancelled')), 50);
       await expect(waiting).rejects.toMatchObject({ name: 'AbortError' });
       const pid = a.child?.pid ?? 0;
-      expect(await abandon(a, 2000, noEvents)).toContain(pid);
+      expect((await abandon(a, 2000, noEvents)).ended).toContain(pid);
       expect(isGone(pid)).toBe(true);
     } finally {
       dir.cleanup();

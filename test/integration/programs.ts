@@ -1,0 +1,34 @@
+/**
+ * Real software no one here wrote, as the integration suites run it: where it
+ * is installed (they skip, saying why, where it is not), and how QEMU idles.
+ */
+import { statSync } from 'node:fs';
+import { join } from 'node:path';
+import { MARKER } from '../helpers/procs.js';
+
+/** A program's path if it is installed (PATH and the sbin dirs a non-login shell may lack). */
+export function installed(name: string): string | null {
+  for (const dir of [...(process.env.PATH ?? '').split(':'), '/usr/sbin', '/sbin', '/usr/bin']) {
+    const p = join(dir, name);
+    try {
+      if (dir && statSync(p).isFile()) return p;
+    } catch {
+      // not here
+    }
+  }
+  return null;
+}
+
+/** A QEMU that idles cheaply: no machine, no devices, no display; QMP on a unix socket; named after the token. */
+export const qemuArgs = (token: string, qmp: string, extra: string[] = []) => [
+  '-name',
+  `${MARKER}-${token}`,
+  '-machine',
+  'none',
+  '-nodefaults',
+  '-display',
+  'none',
+  '-qmp',
+  `unix:${qmp},server=on,wait=off`,
+  ...extra,
+];

@@ -45,11 +45,22 @@ export function ownCgroupName(stateDir: string): string {
   return `custody-${createHash('sha256').update(realpathSync(stateDir)).digest('hex').slice(0, 16)}`;
 }
 
+/** How long a reading of the cgroup2 mounts serves: a mount moved meanwhile fails closed (statfs confirms each path, and a path on no mount read is refused). */
+const MOUNTS_TTL_MS = 1000;
+let mounts: { at: number; list: MountEntry[] } | null = null;
+
+/** The cgroup2 mounts, read at most once a second: recovery judges a cgroup per instance, thousands on a busy host. */
+function cgroupMounts(): MountEntry[] {
+  const now = performance.now();
+  if (!mounts || now - mounts.at > MOUNTS_TTL_MS) mounts = { at: now, list: cgroup2Mounts(backend.mountinfo()) };
+  return mounts.list;
+}
+
 /** The cgroup2 mount `dir` (absolute, normalized, existing) is on, confirmed by statfs; UnsafePathError if none. */
 function mountOfCgroup(dir: string): MountEntry {
   if (!path.isAbsolute(dir) || path.resolve(dir) !== dir)
     throw new UnsafePathError(dir, 'is not an absolute, normalized path; a cgroup is recorded by its real path');
-  const mount = mountOf(dir, cgroup2Mounts(backend.mountinfo()));
+  const mount = mountOf(dir, cgroupMounts());
   if (!mount || statfsSync(dir).type !== CGROUP2_SUPER_MAGIC)
     throw new UnsafePathError(dir, 'is not on a cgroup v2 mount; custody acts through no other directory');
   return mount;

@@ -89,49 +89,57 @@ describe(`custody stop, recover on instance cgroups (${backend.name})`, () => {
     expect(existsSync(join(stateDir, 'esc'))).toBe(false);
   });
 
-  it('a cgroup removed and made again by hand is another cgroup: quarantined (mismatch, cgroup), nothing in it signalled', async (t) => {
-    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
-    const root = join(CGROUP_ROOT, 'remade');
-    const { stateDir, inst, dir } = await launched(root, 'vm', (tok) => ['-e', 'sleep 60', '--', tok, MARKER]);
-    const cg = inst.cgroup!;
-    // The instance ends behind custody's back; its cgroup is removed and made again under the same name.
-    expect(killOwn(inst.pid)).toBe(true);
-    await waitFor(() => procsOf(cg).length === 0, 5000, 'the cgroup to empty');
-    await waitFor(() => {
-      try {
-        rmdirSync(cg);
-        return true;
-      } catch {
-        return false;
+  // A stop cut off halfway is finished through its cgroup as a running instance is stopped: the same check first.
+  for (const state of ['running', 'stopping'] as const) {
+    it(`a cgroup removed and made again by hand is another cgroup: a ${state} instance is quarantined (mismatch, cgroup), nothing in it signalled`, async (t) => {
+      t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+      const root = join(CGROUP_ROOT, `remade-${state}`);
+      const { stateDir, inst, dir } = await launched(root, 'vm', (tok) => ['-e', 'sleep 60', '--', tok, MARKER]);
+      const cg = inst.cgroup!;
+      // The instance ends behind custody's back; its cgroup is removed and made again under the same name.
+      expect(killOwn(inst.pid)).toBe(true);
+      await waitFor(() => procsOf(cg).length === 0, 5000, 'the cgroup to empty');
+      await waitFor(() => {
+        try {
+          rmdirSync(cg);
+          return true;
+        } catch {
+          return false;
+        }
+      });
+      mkdirSync(cg);
+      const manifest = join(stateDir, 'vm', 'manifest.json');
+      if (state === 'stopping') {
+        const m = JSON.parse(readFileSync(manifest, 'utf8'));
+        writeFileSync(manifest, JSON.stringify({ ...m, state, stoppingSince: new Date().toISOString() }));
       }
-    });
-    mkdirSync(cg);
-    // Someone else's process in it, logging every signal it gets.
-    const log = join(dir, 'signals.log');
-    const stranger = cpSpawn(PYTHON, ['-c', SIGNAL_LOGGER, log, '0', MARKER], { stdio: 'ignore' });
-    cleanups.push(() => killAndWait(stranger));
-    await waitFor(() => catchesSignal(stranger.pid!, 15), 5000, "the stranger's handlers");
-    writeFileSync(join(cg, 'cgroup.procs'), String(stranger.pid));
-    expect(procsOf(cg)).toEqual([stranger.pid]);
+      // Someone else's process in it, logging every signal it gets.
+      const log = join(dir, 'signals.log');
+      const stranger = cpSpawn(PYTHON, ['-c', SIGNAL_LOGGER, log, '0', MARKER], { stdio: 'ignore' });
+      cleanups.push(() => killAndWait(stranger));
+      await waitFor(() => catchesSignal(stranger.pid!, 15), 5000, "the stranger's handlers");
+      writeFileSync(join(cg, 'cgroup.procs'), String(stranger.pid));
+      expect(procsOf(cg)).toEqual([stranger.pid]);
 
-    const stop = await cli(['stop', 'vm', '--state-dir', stateDir]);
-    expect(stop, stop.stderr).toMatchObject({ code: 1, stdout: '' });
-    expect(stop.stderr).toMatch(
-      /^custody: warning: vm: its cgroup .* is cgroup \d+, not cgroup \d+ that custody recorded: .*; nothing is signalled through it$/m,
-    );
-    expect(stop.stderr).toMatch(/^custody: .*quarantined.* \[ERR_CUSTODY_QUARANTINED\]$/m);
-    const recover = await cli(['recover', '--json', '--state-dir', stateDir]);
-    expect(recover, recover.stderr).toMatchObject({ code: 0, stderr: '' });
-    expect(JSON.parse(recover.stdout).quarantined).toEqual([
-      expect.objectContaining({ id: 'vm', reason: 'mismatch', field: 'cgroup' }),
-    ]);
-    expect(JSON.parse(readFileSync(join(stateDir, 'vm', 'manifest.json'), 'utf8'))).toMatchObject({
-      state: 'quarantined',
-      quarantine: { reason: 'mismatch', field: 'cgroup' },
+      const stop = await cli(['stop', 'vm', '--state-dir', stateDir]);
+      expect(stop, stop.stderr).toMatchObject({ code: 1, stdout: '' });
+      expect(stop.stderr).toMatch(
+        /^custody: warning: vm: its cgroup .* is cgroup \d+, not cgroup \d+ that custody recorded: .*; nothing is signalled through it$/m,
+      );
+      expect(stop.stderr).toMatch(/^custody: .*quarantined.* \[ERR_CUSTODY_QUARANTINED\]$/m);
+      const recover = await cli(['recover', '--json', '--state-dir', stateDir]);
+      expect(recover, recover.stderr).toMatchObject({ code: 0, stderr: '' });
+      expect(JSON.parse(recover.stdout).quarantined).toEqual([
+        expect.objectContaining({ id: 'vm', reason: 'mismatch', field: 'cgroup' }),
+      ]);
+      expect(JSON.parse(readFileSync(manifest, 'utf8'))).toMatchObject({
+        state: 'quarantined',
+        quarantine: { reason: 'mismatch', field: 'cgroup' },
+      });
+      expect(loggedSignals(log)).toEqual([]);
+      expect(procsOf(cg)).toEqual([stranger.pid]);
+      await killAndWait(stranger);
+      await waitFor(() => procsOf(cg).length === 0, 5000, 'the cgroup to empty');
     });
-    expect(loggedSignals(log)).toEqual([]);
-    expect(procsOf(cg)).toEqual([stranger.pid]);
-    await killAndWait(stranger);
-    await waitFor(() => procsOf(cg).length === 0, 5000, 'the cgroup to empty');
-  });
+  }
 });

@@ -270,3 +270,36 @@ describe(`a running instance's cgroup path made writable by others (${backend.na
     }
   });
 });
+
+describe(`recovery by the recorded cgroup (${backend.name})`, () => {
+  it('a manifest of another boot is cleaned without a look at what is at its cgroup path now: nothing signalled', async (t) => {
+    skipWithout(t);
+    const root = rootOf('boot');
+    const dir = stateDir();
+    const { supervisor } = await openWith(dir, root);
+    const inst = await supervisor.launch({
+      id: 'vm',
+      command: PERL,
+      args: (tok) => ['-e', 'sleep 60', '--', tok, MARKER],
+    });
+    cleanups.push(() => endOwn([inst.pid]));
+    await supervisor.close();
+    // Cgroup ids recur across boots: a record of another boot proves nothing about the directory there now.
+    const file = join(dir, 'vm', 'manifest.json');
+    const m = JSON.parse(readFileSync(file, 'utf8'));
+    writeFileSync(file, JSON.stringify({ ...m, identity: { ...m.identity, bootId: 'another-boot' } }));
+    const events: CustodyEvent[] = [];
+    const reopened = await openWith(dir, root, events);
+    await reopened.supervisor.close();
+    expect(reopened.report.cleaned).toEqual([expect.objectContaining({ id: 'vm', reason: 'rebooted' })]);
+    expect(isGone(inst.pid)).toBe(false);
+    expect(procsOf(inst.cgroup!)).toEqual([inst.pid]);
+    expect(events).toContainEqual(
+      expect.objectContaining({
+        type: 'warning',
+        cgroup: inst.cgroup,
+        message: expect.stringMatching(/no manifest names it: left alone, nothing signalled/),
+      }),
+    );
+  });
+});

@@ -80,6 +80,24 @@ const openWith = (dir: string, root: string, events: CustodyEvent[] = []) =>
 const idOf = (dir: string) => String(statSync(dir, { bigint: true }).ino);
 const record = (dir: string) => JSON.parse(readFileSync(join(dir, RECORD), 'utf8'));
 
+/** An instance `vm` (perl sleeping) launched into a root of the test's, its supervisor closed: it runs on. */
+async function sleeperIn(name: string) {
+  const root = rootOf(name);
+  const dir = stateDir();
+  const { supervisor } = await openWith(dir, root);
+  try {
+    const inst = await supervisor.launch({
+      id: 'vm',
+      command: PERL,
+      args: (tok) => ['-e', 'sleep 60', '--', tok, MARKER],
+    });
+    cleanups.push(() => endOwn([inst.pid]));
+    return { root, dir, inst };
+  } finally {
+    await supervisor.close();
+  }
+}
+
 const skipWithout = (t: { skip: (c: boolean, why: string) => void }, root = false) => {
   t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
   t.skip(root && !isRoot(), 'needs root: acts as a second uid (setpriv, chown)');
@@ -148,16 +166,7 @@ describe(`a cgroup root other uids could write (${backend.name})`, () => {
 
   it('a root made writable by others while an instance runs: open refuses before the instance is touched', async (t) => {
     skipWithout(t);
-    const root = rootOf('live');
-    const dir = stateDir();
-    let { supervisor } = await openWith(dir, root);
-    const inst = await supervisor.launch({
-      id: 'vm',
-      command: PERL,
-      args: (tok) => ['-e', 'sleep 60', '--', tok, MARKER],
-    });
-    cleanups.push(() => endOwn([inst.pid]));
-    await supervisor.close();
+    const { root, dir, inst } = await sleeperIn('live');
     const manifest = readFileSync(join(dir, 'vm', 'manifest.json'), 'utf8');
     chmodSync(root, 0o1777);
     await expect(openWith(dir, root)).rejects.toMatchObject({ code: UNSAFE, path: root });
@@ -166,7 +175,7 @@ describe(`a cgroup root other uids could write (${backend.name})`, () => {
     expect(readFileSync(join(dir, 'vm', 'manifest.json'), 'utf8')).toBe(manifest);
     chmodSync(root, 0o755);
     const events: CustodyEvent[] = [];
-    ({ supervisor } = await openWith(dir, root, events));
+    const { supervisor } = await openWith(dir, root, events);
     try {
       expect(supervisor.list()).toEqual([
         expect.objectContaining({ id: 'vm', status: 'running', cgroup: inst.cgroup }),
@@ -274,16 +283,7 @@ describe(`a running instance's cgroup path made writable by others (${backend.na
 describe(`recovery by the recorded cgroup (${backend.name})`, () => {
   it('a manifest of another boot is cleaned without a look at what is at its cgroup path now: nothing signalled', async (t) => {
     skipWithout(t);
-    const root = rootOf('boot');
-    const dir = stateDir();
-    const { supervisor } = await openWith(dir, root);
-    const inst = await supervisor.launch({
-      id: 'vm',
-      command: PERL,
-      args: (tok) => ['-e', 'sleep 60', '--', tok, MARKER],
-    });
-    cleanups.push(() => endOwn([inst.pid]));
-    await supervisor.close();
+    const { root, dir, inst } = await sleeperIn('boot');
     // Cgroup ids recur across boots: a record of another boot proves nothing about the directory there now.
     const file = join(dir, 'vm', 'manifest.json');
     const m = JSON.parse(readFileSync(file, 'utf8'));

@@ -190,7 +190,7 @@ describe(`a cgroup root other uids could write (${backend.name})`, () => {
 });
 
 describe(`the sub-cgroup's record (${backend.name})`, () => {
-  it('records the id and boot of the sub-cgroup custody made, reuses only that one this boot, records a new boot or an old dir anew', async (t) => {
+  it('records the id and boot of the sub-cgroup custody made, reuses only that one on that boot, takes an unrecorded one', async (t) => {
     skipWithout(t);
     const root = rootOf('rec');
     const dir = stateDir();
@@ -221,10 +221,19 @@ describe(`the sub-cgroup's record (${backend.name})`, () => {
     });
     expect(idOf(own)).toBe(made);
 
-    // Recorded on another boot: this boot's hierarchy is new, so the dir is taken and recorded.
-    writeFileSync(join(dir, RECORD), JSON.stringify({ ...record(dir), bootId: 'another-boot' }));
+    // Recorded on another boot, whose cgroups went with it: one there now was made by someone else.
+    const before = { ...record(dir), bootId: 'another-boot' };
+    writeFileSync(join(dir, RECORD), JSON.stringify(before));
+    await expect(openWith(dir, root)).rejects.toMatchObject({
+      code: UNSAFE,
+      path: own,
+      message: expect.stringMatching(/was made on this boot by someone other than custody/),
+    });
+    expect(record(dir)).toEqual(before);
+    // Gone, it is made and recorded anew.
+    rmdirSync(own);
     ({ supervisor } = await openWith(dir, root));
-    expect(record(dir)).toEqual({ path: own, id: made, bootId: BOOT });
+    expect(record(dir)).toEqual({ path: own, id: idOf(own), bootId: BOOT });
     await supervisor.close();
 
     // No record (a state dir of custody 0.2), the dir there: taken and recorded.

@@ -15,9 +15,11 @@
  *
  * The supervisor's own sub-cgroup (`custody-<hash of the state dir>`) is
  * recorded beside the state dir's stamp when custody makes it, with the boot
- * it was made in: on that boot only a directory with that id is reused. A
- * new boot's hierarchy is new, and a dir without a record (custody 0.2 kept
- * none) is accepted once the walk passes: both are recorded anew.
+ * it was made in: only a directory with that id is reused, on that boot. A
+ * boot's cgroups go with it, so on a new boot custody makes the directory
+ * and records it anew; one already there was made by someone else. A dir
+ * without a record (custody 0.2 kept none, and may have left instances in
+ * it) is taken once the walk passes, and recorded.
  */
 import { createHash } from 'node:crypto';
 import { type BigIntStats, lstatSync, mkdirSync, realpathSync, rmdirSync, statfsSync } from 'node:fs';
@@ -138,16 +140,19 @@ export function claimOwnCgroup(options: {
     const bootId = backend.bootId();
     const kept = record?.readCgroupRecord() ?? null;
     if (kept && 'problem' in kept) warn(`${kept.problem}; the cgroup ${dir} is recorded anew`);
-    const same = kept && !('problem' in kept) && kept.path === dir && kept.bootId === bootId ? kept : null;
-    // Made now, it replaces one this supervisor removed on close; found, it must be the one recorded.
-    if (!made && same && same.id !== id) {
-      throw new UnsafePathError(
-        dir,
-        `is cgroup ${id}, not cgroup ${same.id} that custody made for this state dir on this boot: ` +
-          'someone removed it and made another; remove it (once empty) to let custody make its own',
-      );
+    const recorded = kept && !('problem' in kept) && kept.path === dir ? kept : null;
+    // Made now, it replaces one custody removed on close or one of another boot; found, it must be the one recorded.
+    if (!made && recorded) {
+      const why =
+        recorded.bootId !== bootId
+          ? `was made on this boot by someone other than custody (custody recorded cgroup ${recorded.id} there on another boot)`
+          : recorded.id !== id
+            ? `is cgroup ${id}, not cgroup ${recorded.id} that custody made for this state dir on this boot: someone removed it and made another`
+            : null;
+      if (why) throw new UnsafePathError(dir, `${why}; remove it (once empty) to let custody make its own`);
     }
-    if (record && same?.id !== id) record.writeCgroupRecord({ path: dir, id, bootId });
+    if (record && (recorded?.id !== id || recorded.bootId !== bootId))
+      record.writeCgroupRecord({ path: dir, id, bootId });
     return id;
   } catch (err) {
     if (made) rmdirQuietly(dir);

@@ -431,25 +431,30 @@ export class StateDir {
     return { path, id, bootId };
   }
 
-  /** Records the sub-cgroup custody made for this dir (atomically, mode 0600, as the stamp). */
+  /**
+   * Records the sub-cgroup custody made for this dir (atomically, mode 0600,
+   * as the stamp), without an fsync: the record means something only on the
+   * boot that wrote it, and only a power loss, which ends that boot, loses a
+   * write that was not synced.
+   */
   writeCgroupRecord(record: CgroupRecord): void {
     const { path, id, bootId } = record;
-    this.#replace(CGROUP_RECORD, { path, id, bootId }, 'record the cgroup of state dir');
+    this.#replace(CGROUP_RECORD, { path, id, bootId }, 'record the cgroup of state dir', false);
   }
 
-  /** Replaces a file of custody's at the top: temp file (0600), fsync, rename, fsync of the dir. */
-  #replace(name: string, value: object, what: string): void {
+  /** Replaces a file of custody's at the top: temp file (0600), fsync, rename, fsync of the dir (`durable`). */
+  #replace(name: string, value: object, what: string, durable = true): void {
     const tmp = this.at(`${name}.${process.pid}.tmp`);
     try {
       const fd = openSync(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | fsc.O_NOFOLLOW, 0o600);
       try {
         writeSync(fd, `${JSON.stringify(value)}\n`);
-        fsyncSync(fd);
+        if (durable) fsyncSync(fd);
       } finally {
         closeSync(fd);
       }
       renameSync(tmp, this.at(name));
-      fsyncSync(this.fd);
+      if (durable) fsyncSync(this.fd);
     } catch (err) {
       try {
         unlinkSync(tmp);

@@ -5,7 +5,8 @@
  * (src/lifecycle/instances.ts); an instance's launch (lifecycle/attempt.ts),
  * exit (lifecycle/exits.ts) and stop (lifecycle/stop.ts) are delegated.
  */
-import { CgroupRoot, validateLimits, type CgroupUsage, type InstanceCgroup } from './process/cgroup.js';
+import { CgroupRoot, validateLimits, type CgroupUsage, InstanceCgroup } from './process/cgroup.js';
+import { guardCgroup } from './process/cgroup-guard.js';
 import { CustodyError, DeferredError, InvalidArgError, QuarantinedError, UnsupportedError } from './errors.js';
 import { emitter, type Emit } from './events.js';
 import type { ProcessHandle } from './process/handle.js';
@@ -141,8 +142,11 @@ export class Supervisor {
     const sup = new Supervisor(options, store, emit);
     try {
       if (options.cgroup !== undefined) {
-        sup.#cgroups = CgroupRoot.open(options.cgroup, options.stateDir, (message) =>
-          sup.#emit('warning', { message }),
+        sup.#cgroups = CgroupRoot.open(
+          options.cgroup,
+          options.stateDir,
+          (message) => sup.#emit('warning', { message }),
+          store,
         );
       }
       if (options.subreaper) sup.#subreaper = acquireSubreaper();
@@ -290,7 +294,10 @@ export class Supervisor {
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
     if (t.status === 'stopping' && t.done) return t.done;
     const graceMs = options.graceMs ?? 30_000;
-    if (pinnedOf(t)?.cgroup && options.tree === false) {
+    const cgroup = pinnedOf(t)?.cgroup;
+    // ERR_CUSTODY_UNSAFE_PATH before anything is written or signalled: its cgroup is no longer one to act through.
+    if (cgroup) guardCgroup(cgroup);
+    if (cgroup && options.tree === false) {
       throw new InvalidArgError(
         `${id} has a cgroup: the instance is the cgroup, and tree: false (the main process alone) cannot stop it`,
       );
@@ -456,11 +463,15 @@ export class Supervisor {
   }
 
   async #release(id: string, t: Quarantined): Promise<void> {
-    // Its cgroup goes only if nothing is in it (rmdir refuses otherwise): nothing is signalled.
-    await this.#cgroups
-      ?.find(t.manifest?.cgroup)
-      ?.remove(0)
-      .catch(() => {});
+    // Its cgroup goes only if nothing is in it (rmdir refuses otherwise), and only if it is still the one
+    // recorded at a path custody may act through: nothing is signalled.
+    const recorded = t.manifest?.cgroup;
+    try {
+      const cg = recorded ? InstanceCgroup.recorded(recorded) : 'gone';
+      if (cg !== 'gone') await cg.remove(0);
+    } catch {
+      // left as it is: populated, or not custody's to remove
+    }
     await this.#store.remove(id);
     this.#table.moveFrom(id, t, undefined);
     const message = `quarantine of ${id} released by the operator (${t.reason}); nothing was signalled`;

@@ -9,6 +9,9 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import * as path from 'node:path';
 import type { CgroupCapabilities } from '../types.js';
 
+/** statfs(2) f_type of cgroup v2 (linux/magic.h CGROUP2_SUPER_MAGIC). */
+export const CGROUP2_SUPER_MAGIC = 0x63677270;
+
 export interface MountEntry {
   /** Where it is mounted, unescaped. */
   mountPoint: string;

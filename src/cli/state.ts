@@ -195,12 +195,15 @@ export const stopCommand: Command = {
   name: 'stop',
   synopsis: 'stop ID [--grace-ms N] [--state-dir DIR] [--json]',
   summary: 'stop an instance: SIGTERM, a bounded wait, SIGKILL; its state removed',
-  description: `Stops the instance ID as its supervisor would: the whole instance (its process, its
-descendants and the session custody created for it), each member signalled through
-its own pidfd: SIGTERM, up to --grace-ms for it to exit, then SIGKILL. Once it is
-proven gone its state and declared paths are removed (its logs stay: custody logs).
-Opens the state dir first (its lock: refused while a supervisor holds it, so stop it
-there) and recovers it, so a quarantined instance is refused, never signalled.`,
+  description: `Stops the instance ID as its supervisor would: the whole instance, SIGTERM, up to
+--grace-ms for it to exit, then SIGKILL. With a cgroup (recorded at launch) the
+instance is its cgroup: whatever runs in it is ended, however it forked or setsid,
+and the cgroup is removed. Without one: its process, its descendants and the session
+custody created for it, each signalled through its own pidfd. Once it is proven gone
+its state and declared paths are removed (its logs stay: custody logs). Opens the
+state dir first (its lock: refused while a supervisor holds it, so stop it there) and
+recovers it, so a quarantined instance is refused, never signalled; so is one whose
+cgroup is no longer the one recorded, or lies where another uid could change it.`,
   options: [
     { name: '--grace-ms', value: 'N', help: 'wait after SIGTERM before SIGKILL (default 30000)' },
     STATE_DIR_OPTION,

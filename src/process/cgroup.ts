@@ -12,7 +12,6 @@
  * usage, removal. Who is signalled when is decided in src/process/tree.ts and
  * src/supervisor.ts; who is ours, in src/process/ownership.ts.
  */
-import { createHash } from 'node:crypto';
 import {
   accessSync,
   closeSync,
@@ -32,6 +31,7 @@ import {
 import * as path from 'node:path';
 import { backend, cgroupCapabilities } from '../backend/index.js';
 import {
+  CGROUP2_SUPER_MAGIC,
   cgroup2Mounts,
   cgroupFeatures,
   hierarchyPath,
@@ -41,10 +41,8 @@ import {
 } from '../backend/cgroupv2.js';
 import { BadCgroupError, CgroupTimeoutError, InvalidArgError, UnsupportedError } from '../errors.js';
 import { backoff } from '../timing.js';
+import { type CgroupRecordFile, claimOwnCgroup, guardCgroup, ownCgroupName, recordedCgroup } from './cgroup-guard.js';
 import type { CgroupCapabilities } from '../types.js';
-
-/** statfs(2) f_type of cgroup v2 (linux/magic.h CGROUP2_SUPER_MAGIC). */
-const CGROUP2_SUPER_MAGIC = 0x63677270;
 
 /** Supervisor.open's `cgroup` option. */
 export interface CgroupOptions {
@@ -162,6 +160,16 @@ export class InstanceCgroup {
     this.id = id;
   }
 
+  /**
+   * The cgroup a manifest recorded, by its path and id, whatever root (or
+   * none) this supervisor has: 'gone' where no directory is there; throws
+   * UnsafePathError where one is there that custody may not act through.
+   */
+  static recorded(recorded: { path: string; id: string }): InstanceCgroup | 'gone' {
+    const place = recordedCgroup(recorded);
+    return place === 'gone' ? 'gone' : new InstanceCgroup(place.path, place.node, place.id);
+  }
+
   #read(file: string): string {
     return readFileSync(path.join(this.path, file), 'latin1');
   }
@@ -215,6 +223,7 @@ export class InstanceCgroup {
    * atomically against forks. false where the kernel lacks it.
    */
   kill(): boolean {
+    guardCgroup(this);
     try {
       writeFile(path.join(this.path, 'cgroup.kill'), '1');
       return true;
@@ -250,6 +259,7 @@ export class InstanceCgroup {
   }
 
   async #setFrozen(on: boolean, ms: number): Promise<void> {
+    guardCgroup(this);
     try {
       writeFile(path.join(this.path, 'cgroup.freeze'), on ? '1' : '0');
     } catch (err) {
@@ -300,6 +310,7 @@ export class InstanceCgroup {
    * it lets the directory go, so EBUSY is retried briefly. Gone already is success.
    */
   async remove(ms = 1000): Promise<void> {
+    guardCgroup(this);
     let busy: unknown;
     for await (const _ of backoff({ maxMs: 50, timeoutMs: ms })) {
       try {
@@ -328,6 +339,8 @@ export class CgroupRoot {
   #enabled: string[] = [];
   #offered: string[] = [];
   #features = { kill: false, freeze: false };
+  /** The sub-cgroup's id (its inode), as claimed at open. */
+  #id = '';
 
   private constructor(root: string, dir: string, mount: MountEntry) {
     this.root = root;
@@ -384,15 +397,16 @@ export class CgroupRoot {
    * could not be turned on (a root with processes of its own cannot enable
    * controllers for its children: cgroup v2's no-internal-process rule).
    */
-  static open(options: CgroupOptions, stateDir: string, warn: (message: string) => void): CgroupRoot {
+  static open(
+    options: CgroupOptions,
+    stateDir: string,
+    warn: (message: string) => void,
+    record: CgroupRecordFile | null = null,
+  ): CgroupRoot {
     const { root, mount } = CgroupRoot.validate(options);
-    const hash = createHash('sha256').update(realpathSync(stateDir)).digest('hex').slice(0, 16);
-    const r = new CgroupRoot(root, path.join(root, `custody-${hash}`), mount);
-    try {
-      mkdirSync(r.dir, { recursive: true });
-    } catch (err) {
-      throw new BadCgroupError(root, `could not create ${r.dir} (${code(err)})`, { cause: err });
-    }
+    const r = new CgroupRoot(root, path.join(root, ownCgroupName(stateDir)), mount);
+    // Checked up to the mount, made or reused as recorded: ERR_CUSTODY_UNSAFE_PATH before any instance is touched.
+    r.#id = claimOwnCgroup({ root, dir: r.dir, mount, record, warn });
     r.#offered = readControllers(root);
     r.#features = cgroupFeatures(r.dir);
     const wanted = ACCOUNTING.filter((c) => r.#offered.includes(c));
@@ -461,7 +475,8 @@ export class CgroupRoot {
   create(id: string, token: string, limits?: CgroupLimits): InstanceCgroup {
     const dir = path.join(this.dir, cgroupName(id, token));
     try {
-      mkdirSync(dir);
+      // Its owner's alone whatever the umask: the guard refuses a cgroup others could write.
+      mkdirSync(dir, { mode: 0o755 });
     } catch (err) {
       throw new BadCgroupError(dir, `could not create the instance cgroup (${code(err)})`, { cause: err });
     }
@@ -525,9 +540,10 @@ export class CgroupRoot {
    */
   close(): void {
     try {
+      guardCgroup({ path: this.dir, id: this.#id });
       rmdirSync(this.dir);
     } catch {
-      // instances still run in it: they outlive the supervisor
+      // instances still run in it (they outlive the supervisor), or it is no longer the one custody made
     }
   }
 }

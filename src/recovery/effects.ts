@@ -5,7 +5,8 @@
  */
 import { capabilities } from '../backend/index.js';
 import type { Emit } from '../events.js';
-import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
+import { type CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
+import { UnsafePathError } from '../errors.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { isMember } from '../process/ownership.js';
 import { terminateCgroup } from '../process/tree.js';
@@ -71,10 +72,20 @@ export class RecoveryEffects {
     return entry;
   }
 
-  /** The instance is over: what is left in its cgroup ended, declared paths and state removed (off this thread). */
+  /**
+   * The instance is over: what is left in its cgroup ended, declared paths and state removed (off this thread).
+   * A directory at its cgroup's path that custody may not act through quarantines it instead: nothing is
+   * signalled through it, nothing removed.
+   */
   async clean(m: Manifest, o: Cleaned, pid?: number): Promise<void> {
+    // After a reboot the recorded cgroup is not the instance's, whatever is at its path now (ids recur).
+    const cg = o.reason === 'rebooted' ? 'gone' : this.#recorded(m);
+    if (cg instanceof UnsafePathError) {
+      await this.quarantine(m.id, m, { do: 'quarantine', reason: 'mismatch', field: 'cgroup', persist: true });
+      return;
+    }
     // Whatever is left in its cgroup is provably the instance's, which is over: ended first, then the cgroup goes.
-    await this.#endCgroup(m, o.graceMs);
+    if (cg instanceof InstanceCgroup) await this.#endCgroup(m, cg, o.graceMs);
     removeDeclaredPaths(m.paths, this.emit, m.id);
     while (this.#removing.size >= REMOVALS_IN_FLIGHT) await Promise.race(this.#removing);
     this.#unsynced = true;
@@ -136,23 +147,38 @@ export class RecoveryEffects {
   }
 
   /**
-   * The recorded cgroup as this supervisor can judge by it: the same
-   * directory with the same id; 'gone' where it is no more (nothing can run
-   * outside a cgroup it was placed in, and a populated cgroup cannot be
-   * removed); null where there is none to judge by: none was recorded, or it
-   * is not this supervisor's root's (opened without one, or with another).
+   * The recorded cgroup as recovery judges by it, found by its recorded path
+   * and id whatever root this supervisor was opened with (or none): the same
+   * cgroup; 'gone' where it is no more (nothing can run outside a cgroup it
+   * was placed in, and a populated cgroup cannot be removed), and where a
+   * directory there may not be acted through (a running instance is then
+   * quarantined, and a clean quarantines the others); null where none was recorded.
    */
   cgroupOf(m: Manifest): InstanceCgroup | 'gone' | null {
     if (!m.cgroup) return null;
-    const root = this.host.cgroups;
-    if (!root?.owns(m.cgroup.path)) {
-      this.emit('warning', {
-        id: m.id,
-        message: `${m.id}: its cgroup ${m.cgroup.path} is not under this supervisor's cgroup root; judged without it`,
-      });
-      return null;
+    const cg = this.#recorded(m);
+    return cg instanceof UnsafePathError ? 'gone' : cg;
+  }
+
+  readonly #refused = new Set<string>();
+
+  /** The recorded cgroup, gone, or why custody may not act through what is at its path (said once per instance). */
+  #recorded(m: Manifest): InstanceCgroup | 'gone' | UnsafePathError | null {
+    if (!m.cgroup) return null;
+    try {
+      return InstanceCgroup.recorded(m.cgroup);
+    } catch (err) {
+      if (!(err instanceof UnsafePathError)) throw err;
+      if (!this.#refused.has(m.id)) {
+        this.#refused.add(m.id);
+        this.emit('warning', {
+          id: m.id,
+          path: err.path,
+          message: `${m.id}: its cgroup ${err.message}; nothing is signalled through it`,
+        });
+      }
+      return err;
     }
-    return root.find(m.cgroup) ?? 'gone';
   }
 
   /** Once every manifest is judged: the removals settled and made durable, then the cgroups no manifest names. */
@@ -170,10 +196,7 @@ export class RecoveryEffects {
   }
 
   /** Ends what is in an instance's cgroup (SIGTERM and graceMs first, where given) and removes it. */
-  async #endCgroup(m: Manifest, graceMs: number): Promise<void> {
-    const cgroups = this.host.cgroups;
-    const cg = m.cgroup && cgroups?.owns(m.cgroup.path) ? cgroups.find(m.cgroup) : null;
-    if (!cg) return;
+  async #endCgroup(m: Manifest, cg: InstanceCgroup, graceMs: number): Promise<void> {
     const left = cg.procs();
     if (cg.populated()) {
       const roots = graceMs > 0 ? left.flatMap((pid) => memberPin(pid, cg)) : [];

@@ -43,6 +43,8 @@ export const STAMP = '.custody';
 export const LOCK = '.lock';
 /** Instance logs (logs.ts): custody's, beside the instances, never one of them. */
 export const LOGS = '.logs';
+/** The sub-cgroup custody made for this dir (src/process/cgroup-guard.ts): a reserved name, beside the stamp. */
+export const CGROUP_RECORD = `${STAMP}.cgroup`;
 const MAX_STAMP_BYTES = 4096;
 const S_ISVTX = 0o1000;
 
@@ -51,6 +53,13 @@ export function isReservedName(name: string): boolean {
   return (
     name === STAMP || name === LOCK || name === LOGS || name.startsWith(`${STAMP}.`) || name.startsWith(`${LOCK}.`)
   );
+}
+
+/** A sub-cgroup as custody made it: its path, its cgroup id (the directory's inode), the boot it was made in. */
+export interface CgroupRecord {
+  path: string;
+  id: string;
+  bootId: string;
 }
 
 export function errnoCode(err: unknown): string | undefined {
@@ -139,38 +148,68 @@ function refuseSpecial(path: string): void {
 }
 
 /**
- * OpenSSH's StrictModes, on the real path: the state dir belongs to us and
- * only we can write it; every dir above it belongs to root or us and no one
- * else can write it, except a sticky dir such as /tmp (the sticky bit stops
- * others renaming or removing what is root's or ours in it). Without this,
- * another uid could swap a path under us between two syscalls.
- * `leaf` false: `real` is the dir a new state dir will be created in.
+ * Whose the first dir of a checked path must be: `own` ours alone (a state
+ * dir); `root-or-own` root's or ours, and writable by no one else, sticky or
+ * not (a cgroup custody creates cgroups in or acts through: a sticky dir
+ * still lets others create a name first); `above` as every dir above it (the
+ * dir a new one is created in).
  */
-function checkTrusted(real: string, leaf: boolean): Stats {
+export type TrustLeaf = 'own' | 'root-or-own' | 'above';
+
+export interface TrustRule {
+  leaf: TrustLeaf;
+  /** What the path is, for messages: "state dir", "cgroup". */
+  what: string;
+  /** The last dir checked (a mount point); '/' when absent. */
+  top?: string;
+}
+
+/**
+ * OpenSSH's StrictModes, on the real path: the dir belongs to us (or root,
+ * as `rule.leaf` says) and only its owner can write it; every dir above it,
+ * up to `rule.top`, belongs to root or us and no one else can write it,
+ * except a sticky dir such as /tmp (the sticky bit stops others renaming or
+ * removing what is root's or ours in it). Without this, another uid could
+ * swap a path under us between two syscalls. Throws UnsafePathError naming
+ * the dir; returns the first dir's stats.
+ */
+export function checkTrusted(real: string, rule: TrustRule): Stats {
   const uid = process.geteuid?.();
+  const { what } = rule;
   const chain: string[] = [];
   for (let p = real; ; p = dirname(p)) {
     chain.push(p);
-    if (dirname(p) === p) break;
+    if (p === rule.top || dirname(p) === p) break;
   }
   let first: Stats | undefined;
   for (const p of chain) {
     const st = lstatOrNull(p);
     if (!st) throw new UnsafePathError(p, 'vanished while it was being checked');
     if (uid !== undefined) {
-      if (!first && leaf) {
+      if (!first && rule.leaf === 'own') {
         if (st.uid !== uid)
           throw new UnsafePathError(p, `belongs to uid ${st.uid}, not to uid ${uid} that runs custody`);
         if (st.mode & 0o022)
           throw new UnsafePathError(
             p,
-            `is writable by group or others (mode ${octal(st)}); a state dir must be its owner's alone`,
+            `is writable by group or others (mode ${octal(st)}); a ${what} must be its owner's alone`,
+          );
+      } else if (!first && rule.leaf === 'root-or-own') {
+        if (st.uid !== 0 && st.uid !== uid)
+          throw new UnsafePathError(
+            p,
+            `belongs to uid ${st.uid}: a ${what} custody uses must belong to root or uid ${uid}`,
+          );
+        if (st.mode & 0o022)
+          throw new UnsafePathError(
+            p,
+            `is writable by group or others (mode ${octal(st)}): another uid could create, remove or replace cgroups in it`,
           );
       } else {
         if (st.uid !== 0 && st.uid !== uid) {
           throw new UnsafePathError(
             p,
-            `belongs to uid ${st.uid}: every dir above a state dir must belong to root or uid ${uid}`,
+            `belongs to uid ${st.uid}: every dir above a ${what} must belong to root or uid ${uid}`,
           );
         }
         // Sticky (/tmp): others may write it, but only an entry's owner or root may rename or remove
@@ -178,7 +217,7 @@ function checkTrusted(real: string, leaf: boolean): Stats {
         if (st.mode & 0o022 && !(st.mode & S_ISVTX)) {
           throw new UnsafePathError(
             p,
-            `is writable by group or others (mode ${octal(st)}): another uid could replace the state dir`,
+            `is writable by group or others (mode ${octal(st)}): another uid could replace the ${what}`,
           );
         }
       }
@@ -195,7 +234,7 @@ function createDir(abs: string): void {
   while (lstatOrNull(existing) === null && dirname(existing) !== existing) existing = dirname(existing);
   const real = realpathOrNull(existing);
   if (!real) throw new UnsafePathError(existing, 'cannot be resolved');
-  checkTrusted(real, false);
+  checkTrusted(real, { leaf: 'above', what: 'state dir' });
   try {
     mkdirSync(abs, { recursive: true, mode: 0o700 });
   } catch (err) {
@@ -245,7 +284,7 @@ export class StateDir {
     const real = realpathOrNull(abs);
     if (!real) throw new UnsafePathError(abs, 'cannot be resolved');
     refuseSpecial(real);
-    const checked = checkTrusted(real, true);
+    const checked = checkTrusted(real, { leaf: 'own', what: 'state dir' });
     let fd: number;
     try {
       fd = openSync(real, fsc.O_RDONLY | fsc.O_DIRECTORY | fsc.O_NOFOLLOW);
@@ -362,25 +401,67 @@ export class StateDir {
 
   /** Writes the stamp (atomically: temp file, fsync, rename, fsync of the dir). */
   stamp(): void {
-    const tmp = this.at(`${STAMP}.${process.pid}.tmp`);
+    this.#replace(STAMP, { custody: 'state dir', format: STATE_FORMAT }, 'stamp state dir');
+    this.format = STATE_FORMAT;
+  }
+
+  /**
+   * The sub-cgroup custody made for this dir, as it recorded it; null where
+   * none is recorded (a dir of custody 0.2 or older, or a supervisor never
+   * given a cgroup root). A record that cannot be one is `problem`.
+   */
+  readCgroupRecord(): CgroupRecord | { problem: string } | null {
+    let r: ReturnType<typeof readPlainFile>;
+    try {
+      r = readPlainFile(this.at(CGROUP_RECORD), MAX_STAMP_BYTES);
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') return null;
+      throw new StateIOError(`cannot read ${this.show(CGROUP_RECORD)}`, err);
+    }
+    if ('problem' in r) return { problem: `${this.show(CGROUP_RECORD)} ${r.problem}` };
+    let v: Partial<Record<keyof CgroupRecord, unknown>> = {};
+    try {
+      v = (JSON.parse(r.data.toString('utf8')) as typeof v | null) ?? {};
+    } catch {
+      // not JSON: refused below like any other shape
+    }
+    const { path, id, bootId } = v;
+    if (typeof path !== 'string' || typeof id !== 'string' || !/^\d+$/.test(id) || typeof bootId !== 'string')
+      return { problem: `${this.show(CGROUP_RECORD)} is not a cgroup record custody wrote` };
+    return { path, id, bootId };
+  }
+
+  /**
+   * Records the sub-cgroup custody made for this dir (atomically, mode 0600,
+   * as the stamp), without an fsync: the record means something only on the
+   * boot that wrote it, and only a power loss, which ends that boot, loses a
+   * write that was not synced.
+   */
+  writeCgroupRecord(record: CgroupRecord): void {
+    const { path, id, bootId } = record;
+    this.#replace(CGROUP_RECORD, { path, id, bootId }, 'record the cgroup of state dir', false);
+  }
+
+  /** Replaces a file of custody's at the top: temp file (0600), fsync, rename, fsync of the dir (`durable`). */
+  #replace(name: string, value: object, what: string, durable = true): void {
+    const tmp = this.at(`${name}.${process.pid}.tmp`);
     try {
       const fd = openSync(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_TRUNC | fsc.O_NOFOLLOW, 0o600);
       try {
-        writeSync(fd, `${JSON.stringify({ custody: 'state dir', format: STATE_FORMAT })}\n`);
-        fsyncSync(fd);
+        writeSync(fd, `${JSON.stringify(value)}\n`);
+        if (durable) fsyncSync(fd);
       } finally {
         closeSync(fd);
       }
-      renameSync(tmp, this.at(STAMP));
-      fsyncSync(this.fd);
-      this.format = STATE_FORMAT;
+      renameSync(tmp, this.at(name));
+      if (durable) fsyncSync(this.fd);
     } catch (err) {
       try {
         unlinkSync(tmp);
       } catch {
         // never written, or already renamed
       }
-      throw new StateIOError(`cannot stamp state dir ${this.path}`, err);
+      throw new StateIOError(`cannot ${what} ${this.path}`, err);
     }
   }
 

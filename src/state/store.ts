@@ -33,7 +33,7 @@ import { StateLock } from './lock.js';
 import { fileKind } from './files.js';
 import { assertEntryName, assertId, MANIFEST, MANIFEST_VERSION, type Manifest } from './manifest.js';
 import { O_DIR, readManifest, readManifests, scan } from './reads.js';
-import { errnoCode, pathOf, STATE_FORMAT, StateDir } from './statedir.js';
+import { type CgroupRecord, errnoCode, pathOf, STATE_FORMAT, StateDir } from './statedir.js';
 
 /** Temp files of a write: .manifest.<pid>.<n>.tmp (0.1 named them so too). */
 const isTempName = (name: string) => name.startsWith('.manifest.') && name.endsWith('.tmp');
@@ -100,6 +100,15 @@ export class StateStore {
       });
     }
     return names;
+  }
+
+  /** The sub-cgroup this dir's supervisor made, as recorded beside the stamp (src/process/cgroup-guard.ts). */
+  readCgroupRecord(): CgroupRecord | { problem: string } | null {
+    return this.#held().readCgroupRecord();
+  }
+
+  writeCgroupRecord(record: CgroupRecord): void {
+    this.#held().writeCgroupRecord(record);
   }
 
   read(name: string): Manifest {

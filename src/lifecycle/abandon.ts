@@ -57,12 +57,11 @@ export interface Abandoned {
  * cgroup.kill after the grace, `populated 0`, and nothing outside it is
  * looked at (but a pid function's target created elsewhere, ended as above),
  * not even our child where its launcher moved it out after its exec (letGo:
- * left running, so in `left` too). Throws when something ours would not die
- * (the caller keeps the manifest).
+ * whoever moved it owns it now, as a service manager owns a scope). Throws
+ * when something ours would not die (the caller keeps the manifest).
  */
 export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<Abandoned> {
   const movedOut = a.childMovedOut && a.child ? a.child : null;
-  const movedOutAlive = movedOut?.isAlive() === true;
   const child = movedOut ? letGo(a, movedOut, emit) : a.child;
   const cg = a.cgroup;
   const targetInside = !!a.target && (a.target === child || !cg || targetInCgroup(a));
@@ -97,7 +96,6 @@ export async function abandon(a: Attempt, graceMs: number, emit: Emit): Promise<
   if (child) await child.exited;
   const done = settled.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   const left = done.flatMap((d) => d.left);
-  if (movedOut && movedOutAlive) left.push({ pid: movedOut.pid, why: 'cgroup' });
   if (left.length === 0) removeDeclaredPaths(a.paths, emit, a.id);
   return { ended: done.flatMap((d) => d.ended), left };
 }

@@ -97,6 +97,10 @@ export interface RunningFacts {
    * pidfs id (unique per boot) equals the recorded one. Read with the verdict.
    */
   samePidfsId?: boolean;
+  /** Where the token is (an env-mode token is no part of a title, so no title change can lose it). */
+  tokenMode?: 'argv' | 'env';
+  /** Whether the recorded argv itself lacks the token: the record of a title that was repaired as renamed. */
+  recordedTitle?: boolean;
 }
 
 export type RunningStep = Outcome | { do: 'read'; what: 'process' | 'cgroup' | 'ownership' };
@@ -104,6 +108,7 @@ export type RunningStep = Outcome | { do: 'read'; what: 'process' | 'cgroup' | '
 const MISMATCH = new Set(['token', 'expect', 'exe', 'cgroup']);
 /** What a program that rewrites its title (redis, a re-exec on reload) may lose of the marks it was launched with. */
 const TITLE_MARKS = new Set(['token', 'expect', 'argv']);
+const TITLE_MARKS_ENV_TOKEN = new Set(['expect', 'argv']);
 const PID_REJECTION = new Set(['init', 'self', 'ancestor']);
 
 /** A running manifest: adopted, repaired, cleaned or quarantined, or the next fact to read. */
@@ -140,8 +145,9 @@ export function decideRunning(f: RunningFacts): RunningStep {
   const kernelProof = f.samePidfsId === true || (f.cgroup === 'same' && (j.ours || j.why !== 'cgroup'));
   // Its title may lack the token for good once renamed (and recorded so): the same proof takes it, for a
   // title only (another executable is no rename).
-  const titleOnly = v.verdict === 'ok' || v.field === 'argv';
-  const renamed = !j.ours && kernelProof && titleOnly && TITLE_MARKS.has(j.why);
+  const titleOnly = v.verdict === 'ok' ? f.recordedTitle === true : v.field === 'argv';
+  const marks = f.tokenMode === 'env' ? TITLE_MARKS_ENV_TOKEN : TITLE_MARKS;
+  const renamed = !j.ours && kernelProof && titleOnly && marks.has(j.why);
   if ((j.ours || renamed) && kernelProof && v.verdict === 'mismatch' && v.field === 'argv')
     return { do: 'repair', field: 'argv', reason: 'renamed' };
   if (!j.ours && !renamed) {

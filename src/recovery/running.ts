@@ -53,6 +53,8 @@ export class RecordedProcess {
     if (what === 'process') {
       this.live = await pinRecorded(this.#ahead, m.identity.pid);
       f.verdict = verify(m.identity, this.live?.identity ?? null);
+      f.tokenMode = m.tokenMode ?? 'argv';
+      f.recordedTitle = f.tokenMode === 'argv' && !m.identity.argv.some((a) => a.includes(m.token));
       const recorded = m.identity.pidfsId;
       f.samePidfsId = recorded != null && this.live?.identity.pidfsId === recorded;
     } else if (what === 'cgroup') {

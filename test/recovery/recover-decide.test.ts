@@ -242,8 +242,18 @@ describe('decideRunning', () => {
     ],
     [
       'a title recorded once renamed, without the token, the pidfs id the same: adopted',
-      { verdict: ok, samePidfsId: true, cgroup: 'none', judgement: noToken },
+      { verdict: ok, samePidfsId: true, recordedTitle: true, cgroup: 'none', judgement: noToken },
       { do: 'adopt', why: 'verified' },
+    ],
+    [
+      'a record whose own argv carries the token, the live one the same, yet no token to judge by: a mismatch',
+      { verdict: ok, samePidfsId: true, recordedTitle: false, cgroup: 'none', judgement: noToken },
+      { do: 'quarantine', reason: 'mismatch', field: 'token' },
+    ],
+    [
+      'an env-mode token missing from the environment is no title: a mismatch, whatever the pidfs id',
+      { verdict: argvMismatch, samePidfsId: true, tokenMode: 'env', cgroup: 'none', judgement: noToken },
+      { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
     [
       'the same pidfs id under another executable without the token: no rename, a mismatch',

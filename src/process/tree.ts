@@ -13,7 +13,7 @@
  * main process, cgroup.kill after the grace, and `populated 0` as the proof.
  */
 import { backend } from '../backend/index.js';
-import type { InstanceCgroup } from './cgroup.js';
+import { type InstanceCgroup, inSubtree } from './cgroup.js';
 import { AbortError, StopTimeoutError } from '../errors.js';
 import { exitHeld, type ProcessHandle, releaseExit } from './handle.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
@@ -530,7 +530,7 @@ async function killAll(cg: InstanceCgroup, roots: ProcessHandle[], killWaitMs: n
 function reapOrphans(cg: InstanceCgroup, roots: ProcessHandle[]): void {
   const own = new Set(roots.map((r) => r.pid));
   for (const pid of zombieOrphans((pid) => !own.has(pid)))
-    if (backend.cgroupOf(pid) === cg.node) backend.reapZombie(pid);
+    if (inSubtree(backend.cgroupOf(pid), cg.node)) backend.reapZombie(pid);
 }
 
 /**

@@ -5,7 +5,7 @@
  */
 import { capabilities } from '../backend/index.js';
 import type { Emit } from '../events.js';
-import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
+import { type CgroupRoot, type InstanceCgroup, removeCgroup } from '../process/cgroup.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { isMember } from '../process/ownership.js';
 import { terminateCgroup } from '../process/tree.js';
@@ -196,7 +196,7 @@ export class RecoveryEffects {
         message: `${m.id}: ${left.length} process(es) left in its cgroup were ended with it`,
       });
     }
-    await cg.remove();
+    await removeCgroup(cg, this.emit, m.id);
   }
 
   /**
@@ -217,7 +217,7 @@ export class RecoveryEffects {
     for (const cg of root.list()) {
       if (named.has(cg.path) || this.host.usesCgroup(cg.path)) continue;
       if (!cg.populated()) {
-        await cg.remove(0).catch(() => {});
+        await removeCgroup(cg, this.emit, undefined, 0);
         continue;
       }
       this.emit('warning', {

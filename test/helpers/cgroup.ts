@@ -9,6 +9,9 @@ import { join } from 'node:path';
 import { afterAll, expect } from 'vitest';
 import { cgroup2Mounts, hierarchyPath, mountOf } from '../../src/backend/cgroupv2.js';
 import { capabilities } from '../../src/index.js';
+import { CgroupRoot } from '../../src/process/cgroup.js';
+import type { Cleanup } from './cleanups.js';
+import { tmpDir } from './procs.js';
 
 const caps = capabilities();
 
@@ -35,6 +38,18 @@ export const CGROUP_SKIP: string | null = (() => {
 export const CGROUP_ROOT = CGROUP_MOUNT
   ? join(CGROUP_MOUNT, `custody-test-${process.pid}-${randomBytes(4).toString('hex')}`)
   : '/nonexistent';
+
+/** A CgroupRoot at this worker's root for a state dir of its own; both go after the test (`cleanups`). */
+export function openCgroupRoot(cleanups: Cleanup[]): { root: CgroupRoot; dir: { path: string; cleanup: () => void } } {
+  const dir = tmpDir('custody-cgroot-');
+  cleanups.push(dir.cleanup);
+  const root = CgroupRoot.open({ root: CGROUP_ROOT }, dir.path, () => {});
+  cleanups.push(() => {
+    root.close();
+    rmdirSync(CGROUP_ROOT);
+  });
+  return { root, dir };
+}
 
 /** Every cgroup (directory) below dir, deepest first. */
 export function cgroupsBelow(dir: string): string[] {

@@ -19,7 +19,13 @@ export const LEFTOVER_GRACE_MS = 2000;
 
 /** Where every manifest ends. */
 export type Outcome =
-  | { do: 'adopt'; why: 'verified' | 'unprovable' | 'starting'; rewrite: boolean }
+  | {
+      do: 'adopt';
+      why: 'verified' | 'unprovable' | 'starting';
+      rewrite: boolean;
+      /** The recorded process, proven by its pidfs id, runs outside its instance cgroup: adopted, and warned of. */
+      leftCgroup?: true;
+    }
   | { do: 'repair'; field: string }
   | { do: 'clean'; reason: 'gone' | 'rebooted' | 'incomplete' | 'stopped'; graceMs: number }
   | { do: 'quarantine'; reason: string; field?: string; persist: boolean }
@@ -86,6 +92,11 @@ export interface RunningFacts {
   paths: string[];
   /** verify() of the recorded identity against the live process. */
   verdict?: VerifyResult;
+  /**
+   * Both the recorded and the live identity carry a pidfs id (verify() found them equal): the live process
+   * is the recorded one, not a reuse of its pid, whatever cgroup it is in now.
+   */
+  pidfsId?: boolean;
   /** The recorded cgroup as this supervisor judges by it: the same one, gone, or none to judge by. */
   cgroup?: 'same' | 'gone' | 'none';
   /** The ownership rule on the live process's own marks. */
@@ -126,6 +137,10 @@ export function decideRunning(f: RunningFacts): RunningStep {
   // not us or an ancestor).
   const j = f.judgement;
   if (!j) return { do: 'read', what: 'ownership' };
+  // The recorded main is the instance's by identity in any cgroup: one that moved itself out of its cgroup
+  // (root can) is adopted where its pidfs id proves it is the very process recorded, and stopped later
+  // through its pin. Without one (js backend, kernels before 6.9) start ticks and argv are no such proof.
+  if (!j.ours && j.why === 'cgroup' && v.verdict === 'ok' && f.pidfsId) return { ...adopted(f), leftCgroup: true };
   if (!j.ours) {
     // An environment that may not be read proves nothing: unprovable (field environ), never "no token".
     const reason = MISMATCH.has(j.why) ? 'mismatch' : 'unprovable';
@@ -133,16 +148,19 @@ export function decideRunning(f: RunningFacts): RunningStep {
       v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : PID_REJECTION.has(j.why) ? 'pid' : j.why;
     return quarantined(reason, field, true);
   }
-  if (v.verdict === 'ok') {
-    return f.starting
-      ? { do: 'adopt', why: 'starting', rewrite: true }
-      : { do: 'adopt', why: 'verified', rewrite: !f.current };
-  }
+  if (v.verdict === 'ok') return adopted(f);
   // A mismatch is re-proved by the token (judged above) and the declared paths in its live argv; start
   // ticks are never repaired.
   const argv = f.liveArgv ?? [];
   if (!f.paths.every((p) => argv.some((a) => a.includes(p)))) return quarantined('mismatch', v.field, true);
   return { do: 'repair', field: v.field ?? 'argv' };
+}
+
+/** A verified process adopted: a launch cut off before readiness is rewritten as running, an older format as current. */
+function adopted(f: RunningFacts): Extract<Outcome, { do: 'adopt' }> {
+  return f.starting
+    ? { do: 'adopt', why: 'starting', rewrite: true }
+    : { do: 'adopt', why: 'verified', rewrite: !f.current };
 }
 
 /** What is known so far of an interrupted launch. */

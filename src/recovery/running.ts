@@ -53,6 +53,7 @@ export class RecordedProcess {
     if (what === 'process') {
       this.live = await pinRecorded(this.#ahead, m.identity.pid);
       f.verdict = verify(m.identity, this.live?.identity ?? null);
+      f.pidfsId = !!m.identity.pidfsId && !!this.live?.identity.pidfsId;
     } else if (what === 'cgroup') {
       const c = this.#fx.cgroupOf(m);
       this.cgroup = c === 'gone' ? null : c;
@@ -113,7 +114,15 @@ async function keep(
     // Proven: an older format, or a launch cut off before readiness, is rewritten as the running manifest it is.
     const running: RunningManifest = m.state === 'starting' ? { ...m, state: 'running', updatedAt: now() } : m;
     if (o.rewrite) await fx.rewrite(running);
-    fx.adopt(running, live.handle, cg, o.why === 'starting' ? 'starting' : undefined);
+    fx.adopt(running, live.handle, cg, o.why === 'starting' ? 'starting' : o.leftCgroup ? 'left-cgroup' : undefined);
+    if (o.leftCgroup) {
+      fx.emit('warning', {
+        id,
+        pid,
+        cgroup: cg?.path,
+        message: `${id} (pid ${pid}) left its cgroup ${cg?.path}: adopted by its pidfs id; its stop ends it through its pin`,
+      });
+    }
     fx.emit('adopt', {
       id,
       pid,

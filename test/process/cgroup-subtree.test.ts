@@ -9,7 +9,7 @@
  * signalled.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, rmdirSync, writeFileSync } from 'node:fs';
+import { existsSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
@@ -22,7 +22,10 @@ import {
   CGROUP_SKIP,
   cgroupsBelow,
   expectNoCgroupsLeft,
+  LEAVER,
+  NESTER,
   openCgroupRoot,
+  outsideCgroup,
   procsOf,
 } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
@@ -41,29 +44,6 @@ import { PERL, PYTHON } from '../helpers/supervisor.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
-
-/**
- * perl, argv after `--`: the cgroup2 mount, a depth, who moves ('main' or 'child'), then the token and the
- * marker. The mover makes `depth` nested cgroups `sub` below its own cgroup (mkdir), writes its pid into the
- * deepest one's cgroup.procs, and sleeps; the main ignores SIGTERM when the child moves (so only the kill
- * of the whole subtree ends the child).
- */
-const NESTER = `my ($mount, $depth, $who) = @ARGV;
-open(my $c, '<', '/proc/self/cgroup') or die; my ($p) = map { /^0::(.*)$/ ? $1 : () } <$c>; close $c;
-my $move = sub { my $d = "$mount$p"; for (1 .. $depth) { $d .= '/sub'; mkdir($d) or die "mkdir $d: $!" }
-  open(my $w, '>', "$d/cgroup.procs") or die "open $d: $!"; print $w "$$\\n"; close($w) or die "move: $!" };
-if ($who eq 'main') { $move->(); sleep 60; exit }
-if (!fork) { $SIG{TERM} = 'IGNORE'; $move->(); sleep 60; exit }
-sleep 60`;
-
-/**
- * perl, argv after `--`: a cgroup outside the instance, a gate file, the token, the marker. Ignores SIGTERM;
- * once the gate exists (within 20 s) moves itself into that cgroup, as root can, and sleeps.
- */
-const LEAVER = `my ($out, $gate) = @ARGV; $SIG{TERM} = 'IGNORE';
-for (1 .. 1000) { last if -e $gate; select(undef, undef, undef, 0.02) }
-open(my $w, '>', "$out/cgroup.procs") or die "open: $!"; print $w "$$\\n"; close($w) or die "move: $!";
-sleep 60`;
 
 const strangers: ChildProcess[] = [];
 
@@ -90,20 +70,6 @@ function stateDir(): string {
     await Promise.all(strangers.splice(0).map(killAndWait));
   });
   return join(dir.path, 'state');
-}
-
-/**
- * A cgroup of the test's own outside every supervisor's root; removed after the test, once the supervisor
- * opened after it has stopped what it launched and the test's own processes are ended.
- */
-function outsideCgroup(): string {
-  const dir = join(CGROUP_MOUNT ?? '/nonexistent', `custody-outside-${process.pid}-${Date.now()}`);
-  mkdirSync(dir);
-  cleanups.push(async () => {
-    await Promise.all(strangers.splice(0).map(killAndWait));
-    rmdirSync(dir);
-  });
-  return dir;
 }
 
 const warnings = (events: CustodyEvent[]) => events.filter((e) => e.type === 'warning');
@@ -204,7 +170,7 @@ describe(`instance cgroups hold against their members (${backend.name})`, () => 
   it('a main process that moved out of its cgroup and ignores SIGTERM is killed through its pin; a bystander there is not signalled', async (ctx) => {
     ctx.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const state = stateDir();
-    const out = outsideCgroup();
+    const out = outsideCgroup(cleanups, strangers);
     const { supervisor, events } = await openOn(state);
     const log = join(state, '..', 'bystander.log');
     const b = cpSpawn(PYTHON, signalLoggerArgs(log, false), { stdio: ['ignore', 'pipe', 'ignore'] });

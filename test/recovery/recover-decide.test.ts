@@ -194,6 +194,31 @@ describe('decideRunning', () => {
       { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
     [
+      'outside its cgroup, proven by its pidfs id: adopted, and said to have left',
+      { verdict: ok, pidfsId: true, cgroup: 'same', judgement: { ours: false, why: 'cgroup' } },
+      { do: 'adopt', why: 'verified', rewrite: false, leftCgroup: true },
+    ],
+    [
+      'outside its cgroup, a starting manifest proven by its pidfs id: adopted and rewritten as running',
+      { starting: true, verdict: ok, pidfsId: true, cgroup: 'same', judgement: { ours: false, why: 'cgroup' } },
+      { do: 'adopt', why: 'starting', rewrite: true, leftCgroup: true },
+    ],
+    [
+      'outside its cgroup without a pidfs id: a mismatch of the cgroup',
+      { verdict: ok, pidfsId: false, cgroup: 'same', judgement: { ours: false, why: 'cgroup' } },
+      { do: 'quarantine', reason: 'mismatch', field: 'cgroup' },
+    ],
+    [
+      'outside its cgroup with a pidfs id but another argv: no proof of the instance',
+      {
+        verdict: { verdict: 'mismatch', field: 'argv' },
+        pidfsId: true,
+        cgroup: 'same',
+        judgement: { ours: false, why: 'cgroup' },
+      },
+      { do: 'quarantine', reason: 'mismatch', field: 'argv' },
+    ],
+    [
       'proven: adopted',
       { verdict: ok, cgroup: 'same', judgement: ours },
       { do: 'adopt', why: 'verified', rewrite: false },

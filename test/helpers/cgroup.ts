@@ -9,10 +9,11 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileS
 import { join } from 'node:path';
 import { afterAll, expect } from 'vitest';
 import { cgroup2Mounts, hierarchyPath, mountOf } from '../../src/backend/cgroupv2.js';
-import { capabilities } from '../../src/index.js';
+import { capabilities, type Supervisor } from '../../src/index.js';
 import { CgroupRoot } from '../../src/process/cgroup.js';
 import type { Cleanup } from './cleanups.js';
-import { killAndWait, tmpDir } from './procs.js';
+import { killAndWait, MARKER, tmpDir, waitFor } from './procs.js';
+import { PERL } from './supervisor.js';
 
 const caps = capabilities();
 
@@ -87,6 +88,25 @@ export function outsideCgroup(cleanups: Cleanup[], strangers: ChildProcess[]): s
     rmdirSync(dir);
   });
   return dir;
+}
+
+/**
+ * Launches NESTER as `id` and waits until its mover (the main, or its child) is in the deepest of `depth`
+ * nested cgroups: the instance, the mover's pid, and that cgroup's directory.
+ */
+export async function launchNester(supervisor: Supervisor, id: string, depth: number, who: 'main' | 'child') {
+  const inst = await supervisor.launch({
+    id,
+    command: PERL,
+    args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT ?? '', String(depth), who, tok, MARKER],
+  });
+  const deepest = join(inst.cgroup ?? '/nonexistent', ...Array<string>(depth).fill('sub'));
+  const mover = await waitFor(
+    () => existsSync(deepest) && procsOf(deepest)[0],
+    10_000,
+    `the ${who} ${depth} cgroup(s) below its instance's`,
+  );
+  return { inst, mover, deepest };
 }
 
 /** Every cgroup (directory) below dir, deepest first. */

@@ -22,6 +22,7 @@ import {
   CGROUP_SKIP,
   cgroupsBelow,
   expectNoCgroupsLeft,
+  launchNester,
   LEAVER,
   NESTER,
   openCgroupRoot,
@@ -110,13 +111,7 @@ describe(`instance cgroups hold against their members (${backend.name})`, () => 
     ctx.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const { supervisor, events } = await openOn(stateDir());
     for (const round of [1, 2]) {
-      const inst = await supervisor.launch({
-        id: 'nest',
-        command: PERL,
-        args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT!, '1', 'child', tok, MARKER],
-      });
-      const sub = join(inst.cgroup!, 'sub');
-      const member = await waitFor(() => existsSync(sub) && procsOf(sub)[0], 10_000, 'the member in sub');
+      const { inst, mover: member } = await launchNester(supervisor, 'nest', 1, 'child');
       expect(supervisor.usage('nest').pids).toBe(2);
       const r = await supervisor.stop('nest', { graceMs: 300 });
       expect(r).toMatchObject({ outcome: 'exited', escalated: false });
@@ -130,13 +125,8 @@ describe(`instance cgroups hold against their members (${backend.name})`, () => 
   it('a main process in a nested cgroup of its own is confirmed, counted and stopped as the instance', async (ctx) => {
     ctx.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const { supervisor } = await openOn(stateDir());
-    const inst = await supervisor.launch({
-      id: 'deep',
-      command: PERL,
-      args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT!, '3', 'main', tok, MARKER],
-    });
-    const deepest = join(inst.cgroup!, 'sub', 'sub', 'sub');
-    await waitFor(() => existsSync(deepest) && procsOf(deepest)[0] === inst.pid, 10_000, 'the main in sub/sub/sub');
+    const { inst, mover } = await launchNester(supervisor, 'deep', 3, 'main');
+    expect(mover).toBe(inst.pid);
     expect(supervisor.usage('deep').pids).toBe(1);
     await supervisor.stop('deep', { graceMs: 2000 });
     expect(isGone(inst.pid)).toBe(true);
@@ -147,13 +137,7 @@ describe(`instance cgroups hold against their members (${backend.name})`, () => 
     ctx.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const state = stateDir();
     const first = await openOn(state);
-    const inst = await first.supervisor.launch({
-      id: 'chain',
-      command: PERL,
-      args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT!, '40', 'child', tok, MARKER],
-    });
-    const deepest = join(inst.cgroup!, ...Array<string>(40).fill('sub'));
-    await waitFor(() => existsSync(deepest) && procsOf(deepest)[0], 10_000, 'the member 40 cgroups down');
+    const { inst } = await launchNester(first.supervisor, 'chain', 40, 'child');
     await first.supervisor.stop('chain', { graceMs: 300 });
     expect(first.supervisor.list()).toEqual([]);
     const left = warnings(first.events).find((e) => e.type === 'warning' && e.cgroup === inst.cgroup);

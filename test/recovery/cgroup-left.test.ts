@@ -15,13 +15,12 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { capabilities, type CustodyEvent, Supervisor } from '../../src/index.js';
 import {
-  CGROUP_MOUNT,
   CGROUP_ROOT,
   CGROUP_SKIP,
   cgroupsBelow,
   expectNoCgroupsLeft,
   LEAVER,
-  NESTER,
+  launchNester,
   outsideCgroup,
   procsOf,
 } from '../helpers/cgroup.js';
@@ -67,13 +66,8 @@ describe(`recovery of instance cgroups their members rearranged (${backend.name}
     t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const s = stateDir();
     const first = await s.open();
-    const inst = await first.supervisor.launch({
-      id: 'nested',
-      command: PERL,
-      args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT!, '1', 'main', tok, MARKER],
-    });
-    const sub = join(inst.cgroup!, 'sub');
-    await waitFor(() => existsSync(sub) && procsOf(sub)[0] === inst.pid, 10_000, 'the main in sub');
+    const { inst, mover } = await launchNester(first.supervisor, 'nested', 1, 'main');
+    expect(mover).toBe(inst.pid);
     await first.supervisor.close();
     const { supervisor, report } = await s.open();
     expect(report.quarantined).toEqual([]);
@@ -88,13 +82,7 @@ describe(`recovery of instance cgroups their members rearranged (${backend.name}
     t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const s = stateDir();
     const first = await s.open();
-    const inst = await first.supervisor.launch({
-      id: 'orphaned',
-      command: PERL,
-      args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT!, '2', 'child', tok, MARKER],
-    });
-    const deepest = join(inst.cgroup!, 'sub', 'sub');
-    const member = await waitFor(() => existsSync(deepest) && procsOf(deepest)[0], 10_000, 'the member in sub/sub');
+    const { inst, mover: member } = await launchNester(first.supervisor, 'orphaned', 2, 'child');
     await first.supervisor.close();
     process.kill(inst.pid, 'SIGKILL');
     await waitFor(() => isGone(inst.pid), 5000, 'the main process to die');

@@ -257,7 +257,7 @@ export interface StoppingFacts extends RunningFacts {
   unreadable?: number;
 }
 
-export type StoppingStep = RunningStep | { do: 'end-members'; main: boolean };
+export type StoppingStep = RunningStep | { do: 'end-members'; main: boolean } | { do: 'end-main' };
 
 /**
  * A stop cut off halfway (a crash, EMFILE) is finished: every member still
@@ -270,7 +270,7 @@ export function decideStopping(f: StoppingFacts): StoppingStep {
   // The cgroup is the instance: what is in it is ended with it, whatever the main process became. One that
   // is gone held nothing any more (a populated cgroup cannot be removed): the stop had ended it all.
   if (!f.cgroup) return { do: 'read', what: 'cgroup' };
-  if (f.cgroup === 'same') return { do: 'clean', reason: 'stopped', graceMs: LEFTOVER_GRACE_MS };
+  if (f.cgroup === 'same') return stoppingInCgroup(f);
   if (f.cgroup === 'gone') return { do: 'clean', reason: 'stopped', graceMs: 0 };
   if (f.ended) {
     // A carrier whose environment may not be read may be the instance's: unprovable, never "stopped".
@@ -285,4 +285,18 @@ export function decideStopping(f: StoppingFacts): StoppingStep {
   if (main.do === 'adopt' || main.do === 'repair') return { do: 'end-members', main: true };
   if (main.do === 'clean' && main.reason === 'gone') return { do: 'end-members', main: false };
   return main;
+}
+
+/**
+ * A stop cut off with the cgroup still there: what is in it is ended with it. The main process may have left
+ * it (root can): where its pidfs id proves it is the recorded one, it is still the instance's and is ended
+ * through its pin first; without that proof, outside the cgroup is a bystander's place, and nothing is signalled.
+ */
+function stoppingInCgroup(f: StoppingFacts): StoppingStep {
+  const over: Outcome = { do: 'clean', reason: 'stopped', graceMs: LEFTOVER_GRACE_MS };
+  if (f.ended) return over;
+  if (!f.verdict) return { do: 'read', what: 'process' };
+  if (f.verdict.verdict !== 'ok' || !f.pidfsId) return over;
+  if (!f.judgement) return { do: 'read', what: 'ownership' };
+  return !f.judgement.ours && f.judgement.why === 'cgroup' ? { do: 'end-main' } : over;
 }

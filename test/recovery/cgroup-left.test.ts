@@ -9,7 +9,7 @@
  * pin), and quarantined, nothing signalled, where there is no pidfs id.
  */
 import { spawn as cpSpawn, type ChildProcess } from 'node:child_process';
-import { existsSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
@@ -44,6 +44,7 @@ function stateDir() {
   const state = join(dir.path, 'state');
   return {
     root: dir.path,
+    state,
     async open() {
       const events: CustodyEvent[] = [];
       const r = await Supervisor.open({
@@ -59,6 +60,33 @@ function stateDir() {
       return { ...r, events };
     },
   };
+}
+
+/**
+ * A supervisor launches LEAVER and closes once its main has moved itself into a cgroup of the test's outside
+ * the root, beside a signal-logging bystander the test started there.
+ */
+async function leftThenClosed() {
+  const s = stateDir();
+  const out = outsideCgroup(cleanups, strangers);
+  const bystanderLog = join(s.root, 'bystander.log');
+  const bystander = cpSpawn(PYTHON, signalLoggerArgs(bystanderLog, false), { stdio: ['ignore', 'pipe', 'ignore'] });
+  strangers.push(bystander);
+  await untilReady(bystander.stdout!);
+  writeFileSync(join(out, 'cgroup.procs'), String(bystander.pid));
+  const first = await s.open();
+  const gate = join(s.root, 'go');
+  const inst = await first.supervisor.launch({
+    id: 'leaver',
+    command: PERL,
+    args: (tok) => ['-e', LEAVER, '--', out, gate, tok, MARKER],
+  });
+  writeFileSync(gate, '');
+  await waitFor(() => procsOf(out).includes(inst.pid), 10_000, 'the main to leave its cgroup');
+  await first.supervisor.close();
+  // Which rule applies is the backend's to say: the native one on Linux >= 6.9 records pidfs ids.
+  expect(!!inst.identity.pidfsId).toBe(capabilities().pidfsId);
+  return { s, inst, bystanderLog, bystander };
 }
 
 describe(`recovery of instance cgroups their members rearranged (${backend.name})`, () => {
@@ -94,26 +122,8 @@ describe(`recovery of instance cgroups their members rearranged (${backend.name}
 
   it('a main process that left its cgroup: adopted by its pidfs id and killed through its pin by stop, else quarantined untouched', async (t) => {
     t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
-    const s = stateDir();
-    const out = outsideCgroup(cleanups, strangers);
-    const log = join(s.root, 'bystander.log');
-    const b = cpSpawn(PYTHON, signalLoggerArgs(log, false), { stdio: ['ignore', 'pipe', 'ignore'] });
-    strangers.push(b);
-    await untilReady(b.stdout!);
-    writeFileSync(join(out, 'cgroup.procs'), String(b.pid));
-    const first = await s.open();
-    const gate = join(s.root, 'go');
-    const inst = await first.supervisor.launch({
-      id: 'leaver',
-      command: PERL,
-      args: (tok) => ['-e', LEAVER, '--', out, gate, tok, MARKER],
-    });
-    writeFileSync(gate, '');
-    await waitFor(() => procsOf(out).includes(inst.pid), 10_000, 'the main to leave its cgroup');
-    await first.supervisor.close();
+    const { s, inst, bystanderLog: log, bystander: b } = await leftThenClosed();
     const { supervisor, report, events } = await s.open();
-    // Which rule applies is the backend's to say: the native one on Linux >= 6.9 records pidfs ids.
-    expect(!!inst.identity.pidfsId).toBe(capabilities().pidfsId);
     if (capabilities().pidfsId) {
       expect(report.adopted).toEqual([{ id: 'leaver', pid: inst.pid, reason: 'left-cgroup' }]);
       expect(events).toContainEqual(
@@ -137,6 +147,29 @@ describe(`recovery of instance cgroups their members rearranged (${backend.name}
       await waitFor(() => isGone(inst.pid), 5000, 'the quarantined main to die');
       await supervisor.release('leaver');
       expect(existsSync(inst.cgroup!)).toBe(false);
+    }
+    expect(isGone(b.pid!)).toBe(false);
+    expect(loggedSignals(log)).toEqual([]);
+  });
+
+  it('a stop cut off while its main was outside its cgroup: the main, proven by its pidfs id, is ended through its pin', async (t) => {
+    t.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const { s, inst, bystanderLog: log, bystander: b } = await leftThenClosed();
+    // As a crashed stop leaves it: stopping written, the main still running (it ignores SIGTERM).
+    const manifest = join(s.state, 'leaver', 'manifest.json');
+    const m = JSON.parse(readFileSync(manifest, 'utf8'));
+    writeFileSync(manifest, JSON.stringify({ ...m, state: 'stopping', stoppingSince: new Date().toISOString() }));
+    const { report, events } = await s.open();
+    expect(report.cleaned).toEqual([{ id: 'leaver', pid: inst.pid, reason: 'stopped' }]);
+    expect(existsSync(inst.cgroup!)).toBe(false);
+    if (capabilities().pidfsId) {
+      expect(isGone(inst.pid)).toBe(true);
+      expect(events).toContainEqual(expect.objectContaining({ type: 'escalate', id: 'leaver', pid: inst.pid }));
+    } else {
+      // No proof it is the recorded process: outside the cgroup it is not signalled. The test ends it.
+      expect(isGone(inst.pid)).toBe(false);
+      process.kill(inst.pid, 'SIGKILL');
+      await waitFor(() => isGone(inst.pid), 5000, 'the unproven main to die');
     }
     expect(isGone(b.pid!)).toBe(false);
     expect(loggedSignals(log)).toEqual([]);

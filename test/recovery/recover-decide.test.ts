@@ -355,8 +355,38 @@ describe('decideStopping', () => {
     ['our own pid is never it', { pid: 99 }, { do: 'quarantine', reason: 'unprovable', field: 'pid' }],
     ['its cgroup first: it names the members', {}, { do: 'read', what: 'cgroup' }],
     [
-      'its cgroup is there: what is in it is ended with it, the main process never read',
+      'its cgroup is there: the main process next (it may have left)',
       { cgroup: 'same' },
+      { do: 'read', what: 'process' },
+    ],
+    [
+      'its cgroup is there, the main gone: what is in the cgroup is ended with it',
+      { cgroup: 'same', verdict: { verdict: 'gone' } },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    [
+      'its cgroup is there, the main without a pidfs id: the cgroup alone, the main never judged',
+      { cgroup: 'same', verdict: ok, pidfsId: false },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    [
+      'its cgroup is there, the main proven by its pidfs id: the ownership rule next',
+      { cgroup: 'same', verdict: ok, pidfsId: true },
+      { do: 'read', what: 'ownership' },
+    ],
+    [
+      'the main proven by its pidfs id, outside its cgroup: ended through its pin first',
+      { cgroup: 'same', verdict: ok, pidfsId: true, judgement: { ours: false, why: 'cgroup' } },
+      { do: 'end-main' },
+    ],
+    [
+      'the main proven by its pidfs id, in its cgroup: ended with the cgroup',
+      { cgroup: 'same', verdict: ok, pidfsId: true, judgement: { ours: true, by: 'cgroup' } },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    [
+      'the main that left its cgroup, ended: the cgroup next',
+      { cgroup: 'same', verdict: ok, pidfsId: true, judgement: { ours: false, why: 'cgroup' }, ended: true },
       { do: 'clean', reason: 'stopped', graceMs: 2000 },
     ],
     ['its cgroup is gone: nothing of it runs', { cgroup: 'gone' }, { do: 'clean', reason: 'stopped', graceMs: 0 }],

@@ -14,7 +14,7 @@
  */
 import { AbortError } from '../errors.js';
 import { backend } from '../backend/index.js';
-import { removeCgroup } from '../process/cgroup.js';
+import { removeCgroup } from '../process/cgroup-tree.js';
 import { open, type ProcessHandle, releaseExit } from '../process/handle.js';
 import { isNoProcess } from '../process/identity.js';
 import { isMember } from '../process/ownership.js';

@@ -9,7 +9,8 @@
  *
  * This module owns the cgroupfs side: validating and creating the root,
  * limits, membership lists, cgroup.kill, cgroup.freeze, cgroup.events,
- * usage, removal. Who is signalled when is decided in src/process/tree.ts and
+ * usage, removal; src/process/cgroup-tree.ts, that an instance cgroup is a
+ * tree (membership below it, the bounded walk, removal children first). Who is signalled when is decided in src/process/tree.ts and
  * src/supervisor.ts; who is ours, in src/process/ownership.ts.
  */
 import { createHash } from 'node:crypto';
@@ -17,7 +18,6 @@ import {
   accessSync,
   closeSync,
   constants as fsc,
-  type Dirent,
   existsSync,
   lstatSync,
   mkdirSync,
@@ -40,9 +40,9 @@ import {
   readControllers,
   type MountEntry,
 } from '../backend/cgroupv2.js';
-import type { Emit } from '../events.js';
 import { BadCgroupError, CgroupTimeoutError, InvalidArgError, UnsupportedError } from '../errors.js';
 import { backoff } from '../timing.js';
+import { type CgroupLeftover, removeSubtree, subtree } from './cgroup-tree.js';
 import type { CgroupCapabilities } from '../types.js';
 
 /** statfs(2) f_type of cgroup v2 (linux/magic.h CGROUP2_SUPER_MAGIC). */
@@ -77,9 +77,6 @@ const LIMIT_CONTROLLER = { memoryMax: 'memory', pidsMax: 'pids', cpuMax: 'cpu' }
 /** Turned on at open where the root offers them: accounting only (no limit until one is asked for). */
 const ACCOUNTING = ['memory', 'pids'];
 const TOKEN_PREFIX = 12;
-/** How deep, and how many, cgroups below an instance cgroup are listed and removed: a member cannot make the walk unbounded. */
-const SUBTREE_DEPTH = 32;
-const SUBTREE_MAX = 1024;
 
 const code = (err: unknown) => (err as NodeJS.ErrnoException)?.code;
 
@@ -212,7 +209,7 @@ export class InstanceCgroup {
    */
   procs(): number[] {
     const pids: number[] = [];
-    for (const dir of this.#subtree().dirs) {
+    for (const dir of subtree(this.path).dirs) {
       try {
         pids.push(...readFileSync(path.join(dir, 'cgroup.procs'), 'latin1').split('\n').filter(Boolean).map(Number));
       } catch (err) {
@@ -220,34 +217,6 @@ export class InstanceCgroup {
       }
     }
     return pids;
-  }
-
-  /**
-   * This cgroup and every cgroup below it, each after its parent (removal walks it backwards: children
-   * first). Only real directories are descended into (a symlink is never followed; cgroupfs makes none),
-   * at most SUBTREE_DEPTH deep and SUBTREE_MAX cgroups: `truncated` says the bound was hit.
-   */
-  #subtree(): { dirs: string[]; truncated: boolean } {
-    const dirs: string[] = [];
-    let truncated = false;
-    const stack: Array<{ dir: string; depth: number }> = [{ dir: this.path, depth: 0 }];
-    for (let next = stack.pop(); next; next = stack.pop()) {
-      const { dir, depth } = next;
-      dirs.push(dir);
-      let entries: Dirent[];
-      try {
-        entries = readdirSync(dir, { withFileTypes: true });
-      } catch (err) {
-        if (code(err) === 'ENOENT' || code(err) === 'ENODEV') continue;
-        throw err;
-      }
-      for (const e of entries) {
-        if (!e.isDirectory()) continue;
-        if (depth + 1 > SUBTREE_DEPTH || dirs.length + stack.length >= SUBTREE_MAX) truncated = true;
-        else stack.push({ dir: path.join(dir, e.name), depth: depth + 1 });
-      }
-    }
-    return { dirs, truncated };
   }
 
   /**
@@ -343,67 +312,18 @@ export class InstanceCgroup {
    * are proven gone; an empty directory left behind is no reason to fail a stop, an abandon or an open).
    */
   async remove(ms = 1000): Promise<CgroupLeftover[]> {
-    if (this.populated()) return [{ path: this.path, why: 'processes are still in it' }];
+    try {
+      if (this.populated()) return [{ path: this.path, why: 'processes are still in it' }];
+    } catch (err) {
+      return [{ path: this.path, why: `cgroup.events unreadable (${code(err) ?? String(err)})` }];
+    }
     let left: CgroupLeftover[] = [];
     for await (const _ of backoff({ maxMs: 50, timeoutMs: ms })) {
-      left = this.#removeOnce();
+      left = removeSubtree(this.path);
       if (left.length === 0 || left.some((l) => l.why !== 'EBUSY')) break;
     }
     return left;
   }
-
-  #removeOnce(): CgroupLeftover[] {
-    const left: CgroupLeftover[] = [];
-    let tree: { dirs: string[]; truncated: boolean };
-    try {
-      tree = this.#subtree();
-    } catch (err) {
-      return [{ path: this.path, why: code(err) ?? String(err) }];
-    }
-    for (const dir of tree.dirs.reverse()) {
-      try {
-        rmdirSync(dir);
-      } catch (err) {
-        if (code(err) !== 'ENOENT') left.push({ path: dir, why: code(err) ?? String(err) });
-      }
-    }
-    // First: it explains the EBUSY of every ancestor of what the walk did not reach.
-    if (tree.truncated)
-      left.unshift({ path: this.path, why: `more than ${SUBTREE_MAX} cgroups or ${SUBTREE_DEPTH} levels below it` });
-    return left;
-  }
-}
-
-/** A cgroup directory removal left behind, and why (an errno code, or the reason it was not tried). */
-export interface CgroupLeftover {
-  path: string;
-  why: string;
-}
-
-/**
- * Removes an instance's cgroup (InstanceCgroup.remove) once its processes are proven gone; what is left
- * behind is a warning naming it, never a failure. Recovery's unnamed-cgroup pass removes it later.
- */
-export async function removeCgroup(cg: InstanceCgroup, emit: Emit, id?: string, ms?: number): Promise<void> {
-  const left = await cg.remove(ms);
-  if (left.length === 0) return;
-  // A chain past the walk's bound leaves every ancestor too: the first names it.
-  const shown = left.slice(0, 1).map((l) => `${l.path} (${l.why})`);
-  const what = `${shown.join(', ')}${left.length > shown.length ? ` and ${left.length - shown.length} more` : ''}`;
-  emit('warning', {
-    ...(id === undefined ? {} : { id }),
-    cgroup: cg.path,
-    message: `${id === undefined ? '' : `${id}: `}cgroup(s) not removed: ${what}; left for recovery to remove`,
-  });
-}
-
-/**
- * Whether a process in hierarchy cgroup `where` (as /proc/<pid>/cgroup names it) is inside cgroup `node`:
- * in it, or in a cgroup below it. A cgroup is a tree: a member that made a cgroup of its own inside the
- * instance's and moved there is still the instance's; a sibling whose name merely starts the same is not.
- */
-export function inSubtree(where: string | null, node: string): boolean {
-  return where !== null && (where === node || where.startsWith(node.endsWith('/') ? node : `${node}/`));
 }
 
 /**

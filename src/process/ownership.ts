@@ -30,7 +30,7 @@
  * Nothing here signals; callers act on the judgement and report rejections.
  */
 import { backend } from '../backend/index.js';
-import { inSubtree } from './cgroup.js';
+import { inSubtree } from './cgroup-tree.js';
 import { isNoProcess } from './identity.js';
 import type { ProcessIdentity } from '../types.js';
 

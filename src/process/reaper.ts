@@ -17,7 +17,7 @@
  * live ones are pinned so that their exit is reaped.
  */
 import { backend } from '../backend/index.js';
-import { inSubtree } from './cgroup.js';
+import { inSubtree } from './cgroup-tree.js';
 import { type ProcessHandle, pin } from './pin.js';
 
 /** A supervisor's instances: the sessions their members are in, their cgroups (hierarchy paths), and the pids it already watches itself. */

@@ -13,7 +13,8 @@
  * main process, cgroup.kill after the grace, and `populated 0` as the proof.
  */
 import { backend } from '../backend/index.js';
-import { type InstanceCgroup, inSubtree } from './cgroup.js';
+import type { InstanceCgroup } from './cgroup.js';
+import { inSubtree } from './cgroup-tree.js';
 import { AbortError, StopTimeoutError } from '../errors.js';
 import { exitHeld, type ProcessHandle, releaseExit } from './handle.js';
 import { isMember, protectedPid, type Members } from './ownership.js';

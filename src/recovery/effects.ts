@@ -5,7 +5,8 @@
  */
 import { capabilities } from '../backend/index.js';
 import type { Emit } from '../events.js';
-import { type CgroupRoot, type InstanceCgroup, removeCgroup } from '../process/cgroup.js';
+import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
+import { removeCgroup } from '../process/cgroup-tree.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { isMember } from '../process/ownership.js';
 import { terminateCgroup } from '../process/tree.js';

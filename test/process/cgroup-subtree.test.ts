@@ -13,7 +13,7 @@ import { existsSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import { inSubtree } from '../../src/process/cgroup.js';
+import { inSubtree } from '../../src/process/cgroup-tree.js';
 import { terminateCgroup } from '../../src/process/tree.js';
 import { type CustodyEvent, spawn, Supervisor } from '../../src/index.js';
 import {

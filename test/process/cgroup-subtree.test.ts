@@ -122,6 +122,32 @@ describe(`instance cgroups hold against their members (${backend.name})`, () => 
     expect(warnings(events)).toEqual([]);
   });
 
+  it('an abandoned launch whose member moved into a nested cgroup: the member ended, the subtree removed, the id free', async (ctx) => {
+    ctx.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
+    const { supervisor, events } = await openOn(stateDir());
+    let member = 0;
+    let cgroup = '';
+    const err = await supervisor
+      .launch({
+        id: 'abandoned',
+        command: PERL,
+        args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT!, '2', 'child', tok, MARKER],
+        // Fails once the member is in sub/sub: the launch is abandoned with it there.
+        ready: async (inst) => {
+          cgroup = inst.cgroup!;
+          const deepest = join(cgroup, 'sub', 'sub');
+          member = await waitFor(() => existsSync(deepest) && procsOf(deepest)[0], 10_000, 'the member in sub/sub');
+          throw new Error('not ready: a test says so');
+        },
+      })
+      .catch((e: unknown) => e);
+    expect(err).toMatchObject({ message: expect.stringContaining('not ready: a test says so') });
+    expect(isGone(member)).toBe(true);
+    expect(existsSync(cgroup)).toBe(false);
+    expect(supervisor.list()).toEqual([]);
+    expect(warnings(events)).toEqual([]);
+  });
+
   it('a main process in a nested cgroup of its own is confirmed, counted and stopped as the instance', async (ctx) => {
     ctx.skip(!!CGROUP_SKIP, CGROUP_SKIP ?? '');
     const { supervisor } = await openOn(stateDir());

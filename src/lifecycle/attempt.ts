@@ -12,6 +12,7 @@ import { backend } from '../backend/index.js';
 import { fsPath } from '../bytes.js';
 import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
+import { removeCgroup } from '../process/cgroup-tree.js';
 import { type ProcessHandle, resolveExecutable } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
@@ -200,7 +201,7 @@ async function run(
   try {
     await host.store.write(manifest);
   } catch (err) {
-    await a.cgroup?.remove();
+    if (a.cgroup) await removeCgroup(a.cgroup, host.emit, spec.id);
     throw err;
   }
   host.emit('launch', {
@@ -301,7 +302,7 @@ async function run(
     try {
       undone = await host.withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, host.emit));
       // Proven empty: the cgroup goes, then the state.
-      await a.cgroup?.remove();
+      if (a.cgroup) await removeCgroup(a.cgroup, host.emit, spec.id);
     } catch (abandonErr) {
       // Something of the attempt would not die: its manifest stays, for a
       // later recover() to decide; until then the id is refused.
@@ -372,7 +373,7 @@ async function quarantineLeft(
 /** A pid function's launcher held the cgroup its target is not in: it goes once the launcher has exited, if nothing is left in it. */
 function removeLauncherCgroup(host: LifecycleHost, id: string, launcher: ProcessHandle, cg: InstanceCgroup): void {
   void launcher.exited
-    .then(() => cg.remove())
+    .then(() => removeCgroup(cg, host.emit, id))
     .catch((err: unknown) => {
       host.emit('warning', {
         id,

@@ -12,6 +12,7 @@ import { awaitedExit } from '../process/awaited.js';
 import { describeExit } from '../process/exit.js';
 import { holdExit, type ProcessHandle, releaseExit } from '../process/handle.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
+import { removeCgroup } from '../process/cgroup-tree.js';
 import { sessionLeftovers, terminateMembers } from '../process/tree.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import type { Manifest } from '../state/manifest.js';
@@ -145,7 +146,7 @@ function cleanUpAfter(host: LifecycleHost, t: Exited, leftovers: ProcessHandle[]
             const message = `${id}: ${killed.length} process(es) its main process left in its cgroup were killed (cgroup.kill)`;
             host.emit('warning', { id, pids: killed, message });
           }
-          await t.cgroup.remove();
+          await removeCgroup(t.cgroup, host.emit, id);
         } else if (leftovers.length > 0) {
           pinned = [];
           await endLeftovers(host, t, leftovers);

@@ -14,6 +14,7 @@
  */
 import { AbortError } from '../errors.js';
 import { backend } from '../backend/index.js';
+import { removeCgroup } from '../process/cgroup-tree.js';
 import { open, type ProcessHandle, releaseExit } from '../process/handle.js';
 import { isNoProcess } from '../process/identity.js';
 import { isMember } from '../process/ownership.js';
@@ -80,14 +81,14 @@ async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Prom
   } catch (err) {
     if (!(err instanceof AbortError)) throw err;
     await force(host, s, options);
-    await t.cgroup?.remove();
+    if (t.cgroup) await removeCgroup(t.cgroup, host.emit, t.instance.id);
     await removeState(host, t.instance.id);
     const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
     stopped(host, s, killed, 'stop aborted: ended with SIGKILL; state removed');
     throw err;
   }
   // Proven gone (populated 0, or every pin's exit seen): the cgroup goes, then the state.
-  await t.cgroup?.remove();
+  if (t.cgroup) await removeCgroup(t.cgroup, host.emit, t.instance.id);
   await removeState(host, t.instance.id);
   const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
   stopped(host, s, result, `stopped (${how}); state removed`);

@@ -9,7 +9,8 @@
  *
  * This module owns the cgroupfs side: validating and creating the root,
  * limits, membership lists, cgroup.kill, cgroup.freeze, cgroup.events,
- * usage, removal. Who is signalled when is decided in src/process/tree.ts and
+ * usage, removal; src/process/cgroup-tree.ts, that an instance cgroup is a
+ * tree (membership below it, the bounded walk, removal children first). Who is signalled when is decided in src/process/tree.ts and
  * src/supervisor.ts; who is ours, in src/process/ownership.ts.
  */
 import {
@@ -42,6 +43,7 @@ import {
 import { BadCgroupError, CgroupTimeoutError, InvalidArgError, UnsupportedError } from '../errors.js';
 import { backoff } from '../timing.js';
 import { type CgroupRecordFile, claimOwnCgroup, guardCgroup, ownCgroupName, recordedCgroup } from './cgroup-guard.js';
+import { type CgroupLeftover, removeSubtree, subtree } from './cgroup-tree.js';
 import type { CgroupCapabilities } from '../types.js';
 
 /** Supervisor.open's `cgroup` option. */
@@ -208,14 +210,21 @@ export class InstanceCgroup {
     }
   }
 
-  /** The pids in it now (cgroup.procs). A listing, not proof: a pid is pinned and re-checked before it is signalled. */
+  /**
+   * The pids in it and in every cgroup below it now (a member may make a cgroup of its own inside and move
+   * into it: it is still the instance's). A listing, not proof: a pid is pinned and re-checked before it is
+   * signalled.
+   */
   procs(): number[] {
-    try {
-      return this.#read('cgroup.procs').split('\n').filter(Boolean).map(Number);
-    } catch (err) {
-      if (code(err) === 'ENOENT' || code(err) === 'ENODEV') return [];
-      throw err;
+    const pids: number[] = [];
+    for (const dir of subtree(this.path).dirs) {
+      try {
+        pids.push(...readFileSync(path.join(dir, 'cgroup.procs'), 'latin1').split('\n').filter(Boolean).map(Number));
+      } catch (err) {
+        if (code(err) !== 'ENOENT' && code(err) !== 'ENODEV') throw err;
+      }
     }
+    return pids;
   }
 
   /**
@@ -305,24 +314,27 @@ export class InstanceCgroup {
   }
 
   /**
-   * Removes the directory once it is empty. rmdir is refused (EBUSY) while
-   * a process is in it; the kernel can report `populated 0` a moment before
-   * it lets the directory go, so EBUSY is retried briefly. Gone already is success.
+   * Removes it with every cgroup a member made below it, children before parents, once `populated 0`
+   * (which covers the whole subtree) proves no process is left in any; a populated one is left untouched.
+   * rmdir is refused (EBUSY) while a process is in a cgroup; the kernel can report `populated 0` a moment
+   * before it lets the directory go, so EBUSY is retried for up to `ms`. Gone already is success. Never
+   * throws: what could not be removed is returned, each with why, for the caller to warn of (the processes
+   * are proven gone; an empty directory left behind is no reason to fail a stop, an abandon or an open).
    */
-  async remove(ms = 1000): Promise<void> {
+  async remove(ms = 1000): Promise<CgroupLeftover[]> {
+    // Only through a cgroup that is still the one recorded, and no other uid's to swap.
     guardCgroup(this);
-    let busy: unknown;
-    for await (const _ of backoff({ maxMs: 50, timeoutMs: ms })) {
-      try {
-        rmdirSync(this.path);
-        return;
-      } catch (err) {
-        if (code(err) === 'ENOENT') return;
-        if (code(err) !== 'EBUSY') throw err;
-        busy = err;
-      }
+    try {
+      if (this.populated()) return [{ path: this.path, why: 'processes are still in it' }];
+    } catch (err) {
+      return [{ path: this.path, why: `cgroup.events unreadable (${code(err) ?? String(err)})` }];
     }
-    throw busy;
+    let left: CgroupLeftover[] = [];
+    for await (const _ of backoff({ maxMs: 50, timeoutMs: ms })) {
+      left = removeSubtree(this.path);
+      if (left.length === 0 || left.some((l) => l.why !== 'EBUSY')) break;
+    }
+    return left;
   }
 }
 

@@ -9,7 +9,8 @@
  * 0. never pid 1, ourselves, or an ancestor of ours (whatever it carries);
  * 1. the instance's cgroup, where it has one (cgroup v2, src/process/cgroup.ts):
  *    custody placed its child there before exec, so everything of the
- *    instance is in it and nothing else can be. In it: ours (the target
+ *    instance is in it (or in a cgroup a member made below it: a cgroup is
+ *    a tree) and nothing else can be. Inside it: ours (the target
  *    among the members is still the one with the target's marks); outside
  *    it: a bystander, whatever it carries. Nothing below is asked;
  * 2. descent: its parent, read under its own pin, is a proven member, or it
@@ -29,6 +30,7 @@
  * Nothing here signals; callers act on the judgement and report rejections.
  */
 import { backend } from '../backend/index.js';
+import { inSubtree } from './cgroup-tree.js';
 import { isNoProcess } from './identity.js';
 import type { ProcessIdentity } from '../types.js';
 
@@ -141,10 +143,10 @@ function cgroupOfLive(live: ProcessIdentity): string | null {
   return st && st.startTicks === live.startTicks && !dead(st.state) ? where : null;
 }
 
-/** Rule 1 on its own: in the cgroup, outside it, or gone. */
+/** Rule 1 on its own: inside the cgroup (in it or in a cgroup below it), outside it, or gone. */
 function inCgroup(live: ProcessIdentity, cgroup: string): true | 'cgroup' | 'gone' {
   const where = cgroupOfLive(live);
-  return where === null ? 'gone' : where === cgroup ? true : 'cgroup';
+  return where === null ? 'gone' : inSubtree(where, cgroup) ? true : 'cgroup';
 }
 
 /**

@@ -17,6 +17,7 @@
  * live ones are pinned so that their exit is reaped.
  */
 import { backend } from '../backend/index.js';
+import { inSubtree } from './cgroup-tree.js';
 import { type ProcessHandle, pin } from './pin.js';
 
 /** A supervisor's instances: the sessions their members are in, their cgroups (hierarchy paths), and the pids it already watches itself. */
@@ -50,7 +51,10 @@ export function reapMembers(): number[] {
   for (const pid of backend.children(process.pid)) {
     if (pinned.has(pid) || watched.has(pid) || backend.spawnedHere(pid)) continue;
     const st = backend.stat(pid);
-    const inCgroup = () => cgroups.size > 0 && cgroups.has(backend.cgroupOf(pid) ?? '');
+    const inCgroup = () => {
+      const where = cgroups.size > 0 ? backend.cgroupOf(pid) : null;
+      return [...cgroups].some((c) => inSubtree(where, c));
+    };
     if (!st || !(sessions.has(st.session) || sessions.has(pid) || inCgroup())) continue;
     if (st.state === 'Z' || st.state === 'X') {
       if (backend.reapZombie(pid)) reaped.push(pid);

@@ -14,6 +14,7 @@
  */
 import { backend } from '../backend/index.js';
 import type { InstanceCgroup } from './cgroup.js';
+import { inSubtree } from './cgroup-tree.js';
 import { AbortError, StopTimeoutError } from '../errors.js';
 import { exitHeld, type ProcessHandle, releaseExit } from './handle.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
@@ -469,15 +470,19 @@ export async function terminateCgroup(
   for (const r of roots) r.signal(term);
   const deadline = Date.now() + graceMs;
   const rootsGone = () => roots.every((r) => r.hasExited || !r.isAlive());
+  // A root is the instance's by its pin in any cgroup: one that moved itself out (root can) is not
+  // proven gone by an empty cgroup, and is waited for, and killed, through its pin.
+  const rootOutside = () => roots.some((r) => !r.hasExited && outside(r, cg));
+  const over = () => rootsGone() || (!cg.populated() && !rootOutside());
   try {
-    for await (const _ of backoff({ maxMs: 25, deadline, signal: abort })) if (!cg.populated() || rootsGone()) break;
+    for await (const _ of backoff({ maxMs: 25, deadline, signal: abort })) if (over()) break;
   } catch (err) {
     if (!(err instanceof AbortError)) throw err;
     aborted = err;
   }
   let escalated = false;
   let leftovers: number[] = [];
-  if (cg.populated()) {
+  if (cg.populated() || rootOutside()) {
     const mainAlive = !rootsGone();
     if (mainAlive) {
       escalated = true;
@@ -492,6 +497,12 @@ export async function terminateCgroup(
   reapOrphans(cg, roots);
   if (aborted) throw aborted;
   return { escalated, leftovers };
+}
+
+/** Whether a pinned process runs outside the cgroup's subtree: read by pid, then the pin says the pid was still its. */
+function outside(h: ProcessHandle, cg: InstanceCgroup): boolean {
+  const where = backend.cgroupOf(h.pid);
+  return where !== null && !inSubtree(where, cg.node) && h.isAlive();
 }
 
 /** cgroup.kill (or, without it, a kill through each member's pin), SIGKILL to the roots, then populated 0 within killWaitMs. */
@@ -530,7 +541,7 @@ async function killAll(cg: InstanceCgroup, roots: ProcessHandle[], killWaitMs: n
 function reapOrphans(cg: InstanceCgroup, roots: ProcessHandle[]): void {
   const own = new Set(roots.map((r) => r.pid));
   for (const pid of zombieOrphans((pid) => !own.has(pid)))
-    if (backend.cgroupOf(pid) === cg.node) backend.reapZombie(pid);
+    if (inSubtree(backend.cgroupOf(pid), cg.node)) backend.reapZombie(pid);
 }
 
 /**

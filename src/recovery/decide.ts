@@ -19,7 +19,13 @@ export const LEFTOVER_GRACE_MS = 2000;
 
 /** Where every manifest ends. */
 export type Outcome =
-  | { do: 'adopt'; why: 'verified' | 'unprovable' | 'starting'; rewrite: boolean }
+  | {
+      do: 'adopt';
+      why: 'verified' | 'unprovable' | 'starting';
+      rewrite: boolean;
+      /** The recorded process, proven by its pidfs id, runs outside its instance cgroup: adopted, and warned of. */
+      leftCgroup?: true;
+    }
   | { do: 'repair'; field: string; reason: 'mismatch' | 'renamed' }
   | { do: 'clean'; reason: 'gone' | 'rebooted' | 'incomplete' | 'stopped'; graceMs: number }
   | { do: 'quarantine'; reason: string; field?: string; persist: boolean }
@@ -86,17 +92,17 @@ export interface RunningFacts {
   paths: string[];
   /** verify() of the recorded identity against the live process. */
   verdict?: VerifyResult;
+  /**
+   * Both the recorded and the live identity carry a pidfs id (verify() found them equal): the live process
+   * is the recorded one, not a reuse of its pid, whatever cgroup it is in now.
+   */
+  pidfsId?: boolean;
   /** The recorded cgroup as this supervisor judges by it: the same one, gone, or none to judge by. */
   cgroup?: 'same' | 'gone' | 'none';
   /** The ownership rule on the live process's own marks. */
   judgement?: Judgement;
   /** The live process's argv (with the judgement). */
   liveArgv?: string[];
-  /**
-   * Whether the kernel says the live process is the very one recorded: its
-   * pidfs id (unique per boot) equals the recorded one. Read with the verdict.
-   */
-  samePidfsId?: boolean;
   /** Where the token is (an env-mode token is no part of a title, so no title change can lose it). */
   tokenMode?: 'argv' | 'env';
   /** Whether the recorded argv itself lacks the token: the record of a title that was repaired as renamed. */
@@ -138,11 +144,15 @@ export function decideRunning(f: RunningFacts): RunningStep {
   // not us or an ancestor).
   const j = f.judgement;
   if (!j) return { do: 'read', what: 'ownership' };
+  // The recorded main is the instance's by identity in any cgroup: one that moved itself out of its cgroup
+  // (root can) is adopted where its pidfs id proves it is the very process recorded, and stopped later
+  // through its pin. Without one (js backend, kernels before 6.9) start ticks and argv are no such proof.
+  if (!j.ours && j.why === 'cgroup' && v.verdict === 'ok' && f.pidfsId) return { ...adopted(f), leftCgroup: true };
   // The very process launched, by the kernel's word (its pidfs id, or its
   // instance cgroup, which nothing outside can join), under a title of its
   // own making: renamed, not a stranger. Where only start ticks match, a
   // title is not enough and the token and paths must re-prove it (below).
-  const kernelProof = f.samePidfsId === true || (f.cgroup === 'same' && (j.ours || j.why !== 'cgroup'));
+  const kernelProof = f.pidfsId === true || (f.cgroup === 'same' && (j.ours || j.why !== 'cgroup'));
   // Its title may lack the token for good once renamed (and recorded so): the same proof takes it, for a
   // title only (another executable is no rename).
   const titleOnly = v.verdict === 'ok' ? f.recordedTitle === true : v.field === 'argv';
@@ -157,16 +167,19 @@ export function decideRunning(f: RunningFacts): RunningStep {
       v.verdict === 'mismatch' && reason === 'mismatch' ? v.field : PID_REJECTION.has(j.why) ? 'pid' : j.why;
     return quarantined(reason, field, true);
   }
-  if (v.verdict === 'ok') {
-    return f.starting
-      ? { do: 'adopt', why: 'starting', rewrite: true }
-      : { do: 'adopt', why: 'verified', rewrite: !f.current };
-  }
+  if (v.verdict === 'ok') return adopted(f);
   // A mismatch is re-proved by the token (judged above) and the declared paths in its live argv; start
   // ticks are never repaired.
   const argv = f.liveArgv ?? [];
   if (!f.paths.every((p) => argv.some((a) => a.includes(p)))) return quarantined('mismatch', v.field, true);
   return { do: 'repair', field: v.field ?? 'argv', reason: 'mismatch' };
+}
+
+/** A verified process adopted: a launch cut off before readiness is rewritten as running, an older format as current. */
+function adopted(f: RunningFacts): Extract<Outcome, { do: 'adopt' }> {
+  return f.starting
+    ? { do: 'adopt', why: 'starting', rewrite: true }
+    : { do: 'adopt', why: 'verified', rewrite: !f.current };
 }
 
 /** What is known so far of an interrupted launch. */
@@ -272,7 +285,7 @@ export interface StoppingFacts extends RunningFacts {
   unreadable?: number;
 }
 
-export type StoppingStep = RunningStep | { do: 'end-members'; main: boolean };
+export type StoppingStep = RunningStep | { do: 'end-members'; main: boolean } | { do: 'end-main' };
 
 /**
  * A stop cut off halfway (a crash, EMFILE) is finished: every member still
@@ -285,7 +298,7 @@ export function decideStopping(f: StoppingFacts): StoppingStep {
   // The cgroup is the instance: what is in it is ended with it, whatever the main process became. One that
   // is gone held nothing any more (a populated cgroup cannot be removed): the stop had ended it all.
   if (!f.cgroup) return { do: 'read', what: 'cgroup' };
-  if (f.cgroup === 'same') return { do: 'clean', reason: 'stopped', graceMs: LEFTOVER_GRACE_MS };
+  if (f.cgroup === 'same') return stoppingInCgroup(f);
   if (f.cgroup === 'gone') return { do: 'clean', reason: 'stopped', graceMs: 0 };
   if (f.ended) {
     // A carrier whose environment may not be read may be the instance's: unprovable, never "stopped".
@@ -300,4 +313,18 @@ export function decideStopping(f: StoppingFacts): StoppingStep {
   if (main.do === 'adopt' || main.do === 'repair') return { do: 'end-members', main: true };
   if (main.do === 'clean' && main.reason === 'gone') return { do: 'end-members', main: false };
   return main;
+}
+
+/**
+ * A stop cut off with the cgroup still there: what is in it is ended with it. The main process may have left
+ * it (root can): where its pidfs id proves it is the recorded one, it is still the instance's and is ended
+ * through its pin first; without that proof, outside the cgroup is a bystander's place, and nothing is signalled.
+ */
+function stoppingInCgroup(f: StoppingFacts): StoppingStep {
+  const over: Outcome = { do: 'clean', reason: 'stopped', graceMs: LEFTOVER_GRACE_MS };
+  if (f.ended) return over;
+  if (!f.verdict) return { do: 'read', what: 'process' };
+  if (f.verdict.verdict !== 'ok' || !f.pidfsId) return over;
+  if (!f.judgement) return { do: 'read', what: 'ownership' };
+  return !f.judgement.ours && f.judgement.why === 'cgroup' ? { do: 'end-main' } : over;
 }

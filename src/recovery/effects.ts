@@ -6,6 +6,7 @@
 import { capabilities } from '../backend/index.js';
 import type { Emit } from '../events.js';
 import { type CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
+import { removeCgroup } from '../process/cgroup-tree.js';
 import { UnsafePathError } from '../errors.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { isMember } from '../process/ownership.js';
@@ -219,7 +220,7 @@ export class RecoveryEffects {
         message: `${m.id}: ${left.length} process(es) left in its cgroup were ended with it`,
       });
     }
-    await cg.remove();
+    await removeCgroup(cg, this.emit, m.id);
   }
 
   /**
@@ -240,7 +241,7 @@ export class RecoveryEffects {
     for (const cg of root.list()) {
       if (named.has(cg.path) || this.host.usesCgroup(cg.path)) continue;
       if (!cg.populated()) {
-        await cg.remove(0).catch(() => {});
+        await removeCgroup(cg, this.emit, undefined, 0);
         continue;
       }
       this.emit('warning', {

@@ -55,8 +55,7 @@ export class RecordedProcess {
       f.verdict = verify(m.identity, this.live?.identity ?? null);
       f.tokenMode = m.tokenMode ?? 'argv';
       f.recordedTitle = f.tokenMode === 'argv' && !m.identity.argv.some((a) => a.includes(m.token));
-      const recorded = m.identity.pidfsId;
-      f.samePidfsId = recorded != null && this.live?.identity.pidfsId === recorded;
+      f.pidfsId = !!m.identity.pidfsId && !!this.live?.identity.pidfsId;
     } else if (what === 'cgroup') {
       const c = this.#fx.cgroupOf(m);
       this.cgroup = c === 'gone' ? null : c;
@@ -67,7 +66,7 @@ export class RecordedProcess {
       // The recorded identity is the launch's own record of the pid: as good as a pid it was handed. The very
       // process (by its pidfs id) may run as the uid recorded when it was running (a daemon that dropped to it).
       const claim = recordedClaim(m, this.cgroup?.node ?? null);
-      if (f.samePidfsId && claim.uid === null && live.identity.uid === m.identity.uid) claim.uid = m.identity.uid;
+      if (f.pidfsId && claim.uid === null && live.identity.uid === m.identity.uid) claim.uid = m.identity.uid;
       f.judgement = judge(claim, live.identity, undefined, true, live.environ);
       f.liveArgv = live.identity.argv;
     }
@@ -120,7 +119,15 @@ async function keep(
     // Proven: an older format, or a launch cut off before readiness, is rewritten as the running manifest it is.
     const running: RunningManifest = m.state === 'starting' ? { ...m, state: 'running', updatedAt: now() } : m;
     if (o.rewrite) await fx.rewrite(running);
-    fx.adopt(running, live.handle, cg, o.why === 'starting' ? 'starting' : undefined);
+    fx.adopt(running, live.handle, cg, o.why === 'starting' ? 'starting' : o.leftCgroup ? 'left-cgroup' : undefined);
+    if (o.leftCgroup) {
+      fx.emit('warning', {
+        id,
+        pid,
+        cgroup: cg?.path,
+        message: `${id} (pid ${pid}) left its cgroup ${cg?.path}: adopted by its pidfs id; its stop ends it through its pin`,
+      });
+    }
     fx.emit('adopt', {
       id,
       pid,

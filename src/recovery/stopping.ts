@@ -2,7 +2,8 @@
  * A stop cut off halfway (the agent crashed, or ran out of fds, between
  * writing `stopping` and removing the state) is finished, never taken for
  * an instance that is gone or still to be adopted. With a cgroup, what is in
- * it is ended and the cgroup removed (the clean). Without one: the recorded
+ * it is ended and the cgroup removed (the clean), and a main process its
+ * pidfs id proves, that left the cgroup, is ended through its pin first. Without one: the recorded
  * main process, where it is still the one recorded and passes the ownership
  * rule, its descendants, the session custody made for it (once a pinned
  * member is read in it), and the token's carriers that the rule proves on
@@ -13,6 +14,7 @@
 import { StopTimeoutError } from '../errors.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { type Claim, judge } from '../process/ownership.js';
+import { terminate } from '../process/terminate.js';
 import { terminateMembers } from '../process/tree.js';
 import { MANIFEST_VERSION, type StoppingManifest } from '../state/manifest.js';
 import { targetClaim } from './claims.js';
@@ -45,12 +47,41 @@ export async function finishStop(
         if (ended === 'stuck') return;
         f.unreadable = ended.unreadable;
         f.ended = true;
+      } else if (step.do === 'end-main') {
+        if (!rec.live || (await endMain(fx, m, rec.live.handle)) === 'stuck') return;
+        f.ended = true;
       } else return await fx.conclude(m, step, m.identity.pid);
     }
   } finally {
     rec.live?.handle.close();
   }
 }
+
+/** The main process, proven by its pidfs id outside its cgroup: TERM, a bounded wait, KILL through its pin. */
+async function endMain(fx: RecoveryEffects, m: StoppingManifest, main: ProcessHandle): Promise<'ended' | 'stuck'> {
+  fx.emit('warning', {
+    id: m.id,
+    pid: main.pid,
+    message: `${m.id} (pid ${main.pid}) left its cgroup before its stop was cut off: ended through its pin`,
+  });
+  try {
+    await terminate(main, { graceMs: LEFTOVER_GRACE_MS, onEscalate: escalated(fx, m) });
+    return 'ended';
+  } catch (err) {
+    if (!(err instanceof StopTimeoutError)) throw err;
+    fx.defer(m.id, err);
+    return 'stuck';
+  }
+}
+
+const escalated =
+  (fx: RecoveryEffects, m: StoppingManifest) =>
+  ({ pid }: { pid: number }) =>
+    fx.emit('escalate', {
+      id: m.id,
+      pid,
+      message: `pid ${pid} of ${m.id}, whose stop was cut off, ignored SIGTERM; sent SIGKILL`,
+    });
 
 /**
  * Ends the main process (where proven) and the token's carriers the rule proves, with everything that
@@ -84,12 +115,7 @@ async function endMembers(
         session: m.session ?? null,
         graceMs: LEFTOVER_GRACE_MS,
         reapIfChild: true,
-        onEscalate: ({ pid }) =>
-          fx.emit('escalate', {
-            id: m.id,
-            pid,
-            message: `pid ${pid} of ${m.id}, whose stop was cut off, ignored SIGTERM; sent SIGKILL`,
-          }),
+        onEscalate: escalated(fx, m),
       });
     }
   } catch (err) {

@@ -3,12 +3,17 @@
  * mount (found from /proc/self/mountinfo, never assumed), removed at the end;
  * the reason to skip where cgroup v2 is not writable here.
  */
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, expect } from 'vitest';
 import { cgroup2Mounts, hierarchyPath, mountOf } from '../../src/backend/cgroupv2.js';
-import { capabilities } from '../../src/index.js';
+import { capabilities, type Supervisor } from '../../src/index.js';
+import { CgroupRoot } from '../../src/process/cgroup.js';
+import type { Cleanup } from './cleanups.js';
+import { killAndWait, MARKER, tmpDir, waitFor } from './procs.js';
+import { PERL } from './supervisor.js';
 
 const caps = capabilities();
 
@@ -35,6 +40,74 @@ export const CGROUP_SKIP: string | null = (() => {
 export const CGROUP_ROOT = CGROUP_MOUNT
   ? join(CGROUP_MOUNT, `custody-test-${process.pid}-${randomBytes(4).toString('hex')}`)
   : '/nonexistent';
+
+/** A CgroupRoot at this worker's root for a state dir of its own; both go after the test (`cleanups`). */
+export function openCgroupRoot(cleanups: Cleanup[]): { root: CgroupRoot; dir: { path: string; cleanup: () => void } } {
+  const dir = tmpDir('custody-cgroot-');
+  cleanups.push(dir.cleanup);
+  const root = CgroupRoot.open({ root: CGROUP_ROOT }, dir.path, () => {});
+  cleanups.push(() => {
+    root.close();
+    rmdirSync(CGROUP_ROOT);
+  });
+  return { root, dir };
+}
+
+/**
+ * perl, argv after `--`: the cgroup2 mount, a depth, who moves ('main' or 'child'), then the token and the
+ * marker. The mover makes `depth` nested cgroups `sub` below its own cgroup (mkdir), writes its pid into the
+ * deepest one's cgroup.procs, and sleeps; the main ignores SIGTERM when the child moves (so only the kill
+ * of the whole subtree ends the child).
+ */
+export const NESTER = `my ($mount, $depth, $who) = @ARGV;
+open(my $c, '<', '/proc/self/cgroup') or die; my ($p) = map { /^0::(.*)$/ ? $1 : () } <$c>; close $c;
+my $move = sub { my $d = "$mount$p"; for (1 .. $depth) { $d .= '/sub'; mkdir($d) or die "mkdir $d: $!" }
+  open(my $w, '>', "$d/cgroup.procs") or die "open $d: $!"; print $w "$$\\n"; close($w) or die "move: $!" };
+if ($who eq 'main') { $move->(); sleep 60; exit }
+if (!fork) { $SIG{TERM} = 'IGNORE'; $move->(); sleep 60; exit }
+sleep 60`;
+
+/**
+ * perl, argv after `--`: a cgroup outside the instance, a gate file, the token, the marker. Ignores SIGTERM;
+ * once the gate exists (within 20 s) moves itself into that cgroup, as root can, and sleeps.
+ */
+export const LEAVER = `my ($out, $gate) = @ARGV; $SIG{TERM} = 'IGNORE';
+for (1 .. 1000) { last if -e $gate; select(undef, undef, undef, 0.02) }
+open(my $w, '>', "$out/cgroup.procs") or die "open: $!"; print $w "$$\\n"; close($w) or die "move: $!";
+sleep 60`;
+
+/**
+ * A cgroup of the test's own outside every supervisor's root; removed after the test (`cleanups`), once
+ * what was pushed after it (a supervisor that stops its instances) has run and `strangers` are ended.
+ */
+export function outsideCgroup(cleanups: Cleanup[], strangers: ChildProcess[]): string {
+  const dir = join(CGROUP_MOUNT ?? '/nonexistent', `custody-outside-${process.pid}-${Date.now()}`);
+  mkdirSync(dir);
+  cleanups.push(async () => {
+    await Promise.all(strangers.splice(0).map(killAndWait));
+    rmdirSync(dir);
+  });
+  return dir;
+}
+
+/**
+ * Launches NESTER as `id` and waits until its mover (the main, or its child) is in the deepest of `depth`
+ * nested cgroups: the instance, the mover's pid, and that cgroup's directory.
+ */
+export async function launchNester(supervisor: Supervisor, id: string, depth: number, who: 'main' | 'child') {
+  const inst = await supervisor.launch({
+    id,
+    command: PERL,
+    args: (tok) => ['-e', NESTER, '--', CGROUP_MOUNT ?? '', String(depth), who, tok, MARKER],
+  });
+  const deepest = join(inst.cgroup ?? '/nonexistent', ...Array<string>(depth).fill('sub'));
+  const mover = await waitFor(
+    () => existsSync(deepest) && procsOf(deepest)[0],
+    10_000,
+    `the ${who} ${depth} cgroup(s) below its instance's`,
+  );
+  return { inst, mover, deepest };
+}
 
 /** Every cgroup (directory) below dir, deepest first. */
 export function cgroupsBelow(dir: string): string[] {

@@ -12,11 +12,19 @@ import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { cgroup2Mounts, hierarchyPath, mountOf, parseMountinfo } from '../../src/backend/cgroupv2.js';
 import { parseCgroupV2Line } from '../../src/backend/procview.js';
-import { CgroupRoot, cgroupName, parseKeyed } from '../../src/process/cgroup.js';
+import { cgroupName, parseKeyed } from '../../src/process/cgroup.js';
 import { capabilities, spawn, Supervisor } from '../../src/index.js';
 import { terminateCgroup } from '../../src/process/tree.js';
 import { packageRoot } from '../../src/backend/addon.js';
-import { CGROUP_MOUNT, CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft, nodeOf, procsOf } from '../helpers/cgroup.js';
+import {
+  CGROUP_MOUNT,
+  CGROUP_ROOT,
+  CGROUP_SKIP,
+  expectNoCgroupsLeft,
+  nodeOf,
+  openCgroupRoot,
+  procsOf,
+} from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { processesWithMarker } from '../helpers/leaks.js';
 import { counterWitness } from '../helpers/quiet.js';
@@ -39,17 +47,7 @@ const CONTAINER = `700 650 0:30 /kubepods/pod1 /sys/fs/cgroup ro,nosuid - cgroup
 malformed line
 `;
 
-/** A CgroupRoot at this worker's root for a state dir of its own; both go after the test. */
-function openRoot() {
-  const dir = tmpDir('custody-cgroot-');
-  cleanups.push(dir.cleanup);
-  const root = CgroupRoot.open({ root: CGROUP_ROOT }, dir.path, () => {});
-  cleanups.push(() => {
-    root.close();
-    rmdirSync(CGROUP_ROOT);
-  });
-  return { root, dir };
-}
+const openRoot = () => openCgroupRoot(cleanups);
 
 describe('cgroup v2 discovery (pure)', () => {
   it('finds cgroup2 mounts in mountinfo on a hybrid, a modern and a container host, never by a hard-coded path', () => {

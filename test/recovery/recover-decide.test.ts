@@ -196,6 +196,31 @@ describe('decideRunning', () => {
       { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
     [
+      'outside its cgroup, proven by its pidfs id: adopted, and said to have left',
+      { verdict: ok, pidfsId: true, cgroup: 'same', judgement: { ours: false, why: 'cgroup' } },
+      { do: 'adopt', why: 'verified', rewrite: false, leftCgroup: true },
+    ],
+    [
+      'outside its cgroup, a starting manifest proven by its pidfs id: adopted and rewritten as running',
+      { starting: true, verdict: ok, pidfsId: true, cgroup: 'same', judgement: { ours: false, why: 'cgroup' } },
+      { do: 'adopt', why: 'starting', rewrite: true, leftCgroup: true },
+    ],
+    [
+      'outside its cgroup without a pidfs id: a mismatch of the cgroup',
+      { verdict: ok, pidfsId: false, cgroup: 'same', judgement: { ours: false, why: 'cgroup' } },
+      { do: 'quarantine', reason: 'mismatch', field: 'cgroup' },
+    ],
+    [
+      'outside its cgroup with a pidfs id but another argv: no proof of the instance',
+      {
+        verdict: { verdict: 'mismatch', field: 'argv' },
+        pidfsId: true,
+        cgroup: 'same',
+        judgement: { ours: false, why: 'cgroup' },
+      },
+      { do: 'quarantine', reason: 'mismatch', field: 'argv' },
+    ],
+    [
       'proven: adopted',
       { verdict: ok, cgroup: 'same', judgement: ours },
       { do: 'adopt', why: 'verified', rewrite: false },
@@ -227,7 +252,7 @@ describe('decideRunning', () => {
     ],
     [
       'a new title without the token or the paths, the pidfs id the same: renamed',
-      { verdict: argvMismatch, samePidfsId: true, cgroup: 'none', judgement: noToken, liveArgv: ['redis *:0'] },
+      { verdict: argvMismatch, pidfsId: true, cgroup: 'none', judgement: noToken, liveArgv: ['redis *:0'] },
       { do: 'repair', field: 'argv', reason: 'renamed' },
     ],
     [
@@ -237,37 +262,37 @@ describe('decideRunning', () => {
     ],
     [
       'a new title, the pidfs id the same, carrying the token: renamed, the paths not needed',
-      { verdict: argvMismatch, samePidfsId: true, cgroup: 'none', judgement: ours, liveArgv: ['qemu'] },
+      { verdict: argvMismatch, pidfsId: true, cgroup: 'none', judgement: ours, liveArgv: ['qemu'] },
       { do: 'repair', field: 'argv', reason: 'renamed' },
     ],
     [
       'a title recorded once renamed, without the token, the pidfs id the same: adopted',
-      { verdict: ok, samePidfsId: true, recordedTitle: true, cgroup: 'none', judgement: noToken },
+      { verdict: ok, pidfsId: true, recordedTitle: true, cgroup: 'none', judgement: noToken },
       { do: 'adopt', why: 'verified' },
     ],
     [
       'a record whose own argv carries the token, the live one the same, yet no token to judge by: a mismatch',
-      { verdict: ok, samePidfsId: true, recordedTitle: false, cgroup: 'none', judgement: noToken },
+      { verdict: ok, pidfsId: true, recordedTitle: false, cgroup: 'none', judgement: noToken },
       { do: 'quarantine', reason: 'mismatch', field: 'token' },
     ],
     [
       'an env-mode token missing from the environment is no title: a mismatch, whatever the pidfs id',
-      { verdict: argvMismatch, samePidfsId: true, tokenMode: 'env', cgroup: 'none', judgement: noToken },
+      { verdict: argvMismatch, pidfsId: true, tokenMode: 'env', cgroup: 'none', judgement: noToken },
       { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
     [
       'the same pidfs id under another executable without the token: no rename, a mismatch',
-      { verdict: { verdict: 'mismatch', field: 'exe' }, samePidfsId: true, cgroup: 'none', judgement: noToken },
+      { verdict: { verdict: 'mismatch', field: 'exe' }, pidfsId: true, cgroup: 'none', judgement: noToken },
       { do: 'quarantine', reason: 'mismatch', field: 'exe' },
     ],
     [
       'the same pidfs id, another uid than recorded: not a title, still unprovable',
-      { verdict: argvMismatch, samePidfsId: true, cgroup: 'none', judgement: { ours: false, why: 'uid' } },
+      { verdict: argvMismatch, pidfsId: true, cgroup: 'none', judgement: { ours: false, why: 'uid' } },
       { do: 'quarantine', reason: 'unprovable', field: 'uid' },
     ],
     [
       'start ticks alone and a title without the token: the older rule, a mismatch',
-      { verdict: argvMismatch, samePidfsId: false, cgroup: 'none', judgement: noToken },
+      { verdict: argvMismatch, pidfsId: false, cgroup: 'none', judgement: noToken },
       { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
   ];
@@ -402,8 +427,38 @@ describe('decideStopping', () => {
     ['our own pid is never it', { pid: 99 }, { do: 'quarantine', reason: 'unprovable', field: 'pid' }],
     ['its cgroup first: it names the members', {}, { do: 'read', what: 'cgroup' }],
     [
-      'its cgroup is there: what is in it is ended with it, the main process never read',
+      'its cgroup is there: the main process next (it may have left)',
       { cgroup: 'same' },
+      { do: 'read', what: 'process' },
+    ],
+    [
+      'its cgroup is there, the main gone: what is in the cgroup is ended with it',
+      { cgroup: 'same', verdict: { verdict: 'gone' } },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    [
+      'its cgroup is there, the main without a pidfs id: the cgroup alone, the main never judged',
+      { cgroup: 'same', verdict: ok, pidfsId: false },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    [
+      'its cgroup is there, the main proven by its pidfs id: the ownership rule next',
+      { cgroup: 'same', verdict: ok, pidfsId: true },
+      { do: 'read', what: 'ownership' },
+    ],
+    [
+      'the main proven by its pidfs id, outside its cgroup: ended through its pin first',
+      { cgroup: 'same', verdict: ok, pidfsId: true, judgement: { ours: false, why: 'cgroup' } },
+      { do: 'end-main' },
+    ],
+    [
+      'the main proven by its pidfs id, in its cgroup: ended with the cgroup',
+      { cgroup: 'same', verdict: ok, pidfsId: true, judgement: { ours: true, by: 'cgroup' } },
+      { do: 'clean', reason: 'stopped', graceMs: 2000 },
+    ],
+    [
+      'the main that left its cgroup, ended: the cgroup next',
+      { cgroup: 'same', verdict: ok, pidfsId: true, judgement: { ours: false, why: 'cgroup' }, ended: true },
       { do: 'clean', reason: 'stopped', graceMs: 2000 },
     ],
     ['its cgroup is gone: nothing of it runs', { cgroup: 'gone' }, { do: 'clean', reason: 'stopped', graceMs: 0 }],

@@ -11,7 +11,6 @@
 import { type Dirent, readdirSync, rmdirSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Emit } from '../events.js';
-import type { InstanceCgroup } from './cgroup.js';
 
 /** How deep, and how many, cgroups below an instance cgroup are walked: a member cannot make the walk unbounded. */
 const SUBTREE_DEPTH = 32;
@@ -87,7 +86,12 @@ export function removeSubtree(root: string): CgroupLeftover[] {
  * Removes an instance's cgroup (InstanceCgroup.remove) once its processes are proven gone; what is left
  * behind is a warning naming it, never a failure. Recovery's pass over cgroups no manifest names retries it.
  */
-export async function removeCgroup(cg: InstanceCgroup, emit: Emit, id?: string, ms?: number): Promise<void> {
+export async function removeCgroup(
+  cg: { remove(ms?: number): Promise<CgroupLeftover[]> },
+  emit: Emit,
+  id?: string,
+  ms?: number,
+): Promise<void> {
   const left = await cg.remove(ms);
   if (left.length === 0) return;
   // A chain past the walk's bound leaves every ancestor too: the first names it.

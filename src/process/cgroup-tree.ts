@@ -87,7 +87,7 @@ export function removeSubtree(root: string): CgroupLeftover[] {
  * behind is a warning naming it, never a failure. Recovery's pass over cgroups no manifest names retries it.
  */
 export async function removeCgroup(
-  cg: { remove(ms?: number): Promise<CgroupLeftover[]> },
+  cg: { path: string; remove(ms?: number): Promise<CgroupLeftover[]> },
   emit: Emit,
   id?: string,
   ms?: number,

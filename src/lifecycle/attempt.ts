@@ -273,6 +273,8 @@ async function run(
       ...manifest,
       state: 'running',
       identity,
+      // A uid the very process dropped to after its exec is the uid it runs as, as if the launch had declared it.
+      uid: manifest.uid ?? (identity.uid !== confirmedIdentity(a).uid ? identity.uid : null),
       ...placement(a, identity, cgroup),
       updatedAt: new Date().toISOString(),
     };

@@ -11,6 +11,7 @@
  * the start ticks of our own unreaped child, whose pid nobody else can
  * take. Anything else keeps the confirmed identity as it was.
  */
+import { sameExe } from '../process/identity.js';
 import { pin } from '../process/pin.js';
 import type { ProcessIdentity } from '../types.js';
 
@@ -34,6 +35,9 @@ export function settle(confirmed: ProcessIdentity, isChild: boolean): Settled {
     return { ...unchanged, error: err as Error };
   }
   if (now.startTicks !== confirmed.startTicks || now.state === 'Z') return unchanged;
+  // Another executable since confirm is no title or uid change: the confirmed record stands, and recovery's
+  // mismatch rule judges it.
+  if (!sameExe(now.exe, confirmed.exe)) return unchanged;
   const byPidfs = confirmed.pidfsId != null && now.pidfsId === confirmed.pidfsId;
   const byChild = confirmed.pidfsId == null && now.pidfsId == null && isChild;
   if (!byPidfs && !byChild) return unchanged;

@@ -70,7 +70,8 @@ export function tryInspect(pid: number): ProcessIdentity | null {
 
 const isZombie = (state: string) => state === 'Z' || state === 'X';
 
-function sameExe(a: ProcessIdentity['exe'], b: ProcessIdentity['exe']): boolean {
+/** Whether two recorded executables are the same file (dev and inode); an unreadable one proves nothing either way. */
+export function sameExe(a: ProcessIdentity['exe'], b: ProcessIdentity['exe']): boolean {
   // An exe nobody could read proves nothing either way.
   if (a === null || b === null) return true;
   return a.dev === b.dev && a.ino === b.ino;

@@ -107,6 +107,8 @@ export interface RunningFacts {
   tokenMode?: 'argv' | 'env';
   /** Whether the recorded argv itself lacks the token: the record of a title that was repaired as renamed. */
   recordedTitle?: boolean;
+  /** The live process runs as neither our uid nor the one the launch declared (or its target dropped to). */
+  foreignUid?: boolean;
 }
 
 export type RunningStep = Outcome | { do: 'read'; what: 'process' | 'cgroup' | 'ownership' };
@@ -152,7 +154,10 @@ export function decideRunning(f: RunningFacts): RunningStep {
   // instance cgroup, which nothing outside can join), under a title of its
   // own making: renamed, not a stranger. Where only start ticks match, a
   // title is not enough and the token and paths must re-prove it (below).
-  const kernelProof = f.pidfsId === true || (f.cgroup === 'same' && (j.ours || j.why !== 'cgroup'));
+  // A pidfs id proves the process the record names, not that the record is ours: another uid's process is
+  // never taken on a record's word for its title (the same rule as for its uid).
+  const kernelProof =
+    (f.pidfsId === true && f.foreignUid !== true) || (f.cgroup === 'same' && (j.ours || j.why !== 'cgroup'));
   // Its title may lack the token for good once renamed (and recorded so): the same proof takes it, for a
   // title only (another executable is no rename).
   const titleOnly = v.verdict === 'ok' ? f.recordedTitle === true : v.field === 'argv';

@@ -63,11 +63,11 @@ export class RecordedProcess {
     } else {
       const live = this.live;
       if (!live) throw new Error(`recovery of ${m.id}: ownership asked for without a live process`);
-      // The recorded identity is the launch's own record of the pid: as good as a pid it was handed. The very
-      // process (by its pidfs id) may run as the uid recorded when it was running (a daemon that dropped to it).
+      // The recorded identity is the launch's own record of the pid: as good as a pid it was handed. A uid the
+      // target dropped to after its exec was recorded at running as the instance's uid (the claim's).
       const claim = recordedClaim(m, this.cgroup?.node ?? null);
-      if (f.pidfsId && claim.uid === null && live.identity.uid === m.identity.uid) claim.uid = m.identity.uid;
       f.judgement = judge(claim, live.identity, undefined, true, live.environ);
+      f.foreignUid = live.identity.uid !== process.getuid?.() && live.identity.uid !== claim.uid;
       f.liveArgv = live.identity.argv;
     }
   }

@@ -5,7 +5,7 @@
 import { constants } from 'node:os';
 import { getSystemErrorMap } from 'node:util';
 import { describeExit } from './process/exit.js';
-import type { ExitStatus } from './types.js';
+import type { ExitStatus, OutputTails } from './types.js';
 
 export type ErrnoCode = keyof typeof constants.errno;
 export const isErrnoCode = (c: unknown): c is ErrnoCode => typeof c === 'string' && Object.hasOwn(constants.errno, c);
@@ -113,23 +113,29 @@ export class IdentityMismatchError extends CustodyError {
   }
 }
 
+/**
+ * The attempt's process is gone before it was ready. `what` replaces "(pid N) exited with <status>" where
+ * the status says nothing: a reported pid with no process behind it, a daemon gone after its launcher exited
+ * 0. The message quotes the stderr tail, or the stdout tail where stderr has nothing; both are fields.
+ */
 export class LaunchExitedError extends CustodyError {
   readonly id: string;
   readonly pid: number | undefined;
   readonly exitCode: number | null;
   readonly signal: NodeJS.Signals | null;
   readonly stderrTail: string | undefined;
-  constructor(id: string, pid: number | undefined, status: ExitStatus, stderrTail?: string) {
-    const how = describeExit(status);
-    super(
-      'ERR_CUSTODY_LAUNCH_EXITED',
-      `launch of ${id}${pid ? ` (pid ${pid})` : ''} exited with ${how}${stderrTail ? `; stderr: ${stderrTail.trim()}` : ''}`,
-    );
+  readonly stdoutTail: string | undefined;
+  constructor(id: string, pid: number | undefined, status: ExitStatus, tails: OutputTails = {}, what?: string) {
+    const { stderrTail, stdoutTail } = tails;
+    const quoted = stderrTail ? `; stderr: ${stderrTail.trim()}` : stdoutTail ? `; stdout: ${stdoutTail.trim()}` : '';
+    const how = what ? `: ${what}` : `${pid ? ` (pid ${pid})` : ''} exited with ${describeExit(status)}`;
+    super('ERR_CUSTODY_LAUNCH_EXITED', `launch of ${id}${how}${quoted}`);
     this.id = id;
     this.pid = pid;
     this.exitCode = status.code;
     this.signal = status.signal;
     this.stderrTail = stderrTail;
+    this.stdoutTail = stdoutTail;
   }
 }
 

@@ -8,7 +8,7 @@
  */
 import { channel } from 'node:diagnostics_channel';
 import { callHook } from './lifecycle/hooks.js';
-import type { ExitStatus, ProcessIdentity, StopResult } from './types.js';
+import type { ExitStatus, OutputTails, ProcessIdentity, StopResult } from './types.js';
 
 /** What every event carries. */
 interface EventBase<T extends string> {
@@ -67,8 +67,8 @@ export interface RetryEvent extends WholeInstanceEvent<'retry'> {
 export type EscalateEvent = InstanceEvent<'escalate'>;
 /** stop() ended the instance; its state is gone. */
 export interface StopEvent extends InstanceEvent<'stop'>, StopResult {}
-/** The main process exited on its own. */
-export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus {}
+/** The main process exited on its own; the tails are of its instance logs (none with `logs: false`). */
+export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus, OutputTails {}
 /** Something worth an operator's look; custody carried on. */
 export interface WarningEvent extends EventBase<'warning'> {
   id?: string;

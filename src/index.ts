@@ -36,7 +36,15 @@ export {
   UnsupportedError,
 } from './errors.js';
 export type { CustodyErrorCode } from './errors.js';
-export type { Capabilities, CgroupCapabilities, ExitStatus, ProcessIdentity, Verdict, VerifyResult } from './types.js';
+export type {
+  Capabilities,
+  CgroupCapabilities,
+  ExitStatus,
+  OutputTails,
+  ProcessIdentity,
+  Verdict,
+  VerifyResult,
+} from './types.js';
 export type { CgroupLimits, CgroupOptions, CgroupUsage } from './process/cgroup.js';
 export { Supervisor } from './supervisor.js';
 export type { InstanceInfo, InstanceStatus, InstanceSummary, StopOptions, SupervisorOptions } from './options.js';

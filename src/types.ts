@@ -50,6 +50,16 @@ export interface ExitStatus {
   signal: NodeJS.Signals | null;
 }
 
+/**
+ * The last output of a process that ended, each within the same byte bound (2 KiB): from its instance log,
+ * a `{ file }` it was given, or a pipe. undefined where there is none to read (nothing written, 'ignore').
+ */
+export interface OutputTails {
+  stderrTail?: string;
+  /** For programs that log to stdout (redis, many containers' entrypoints). */
+  stdoutTail?: string;
+}
+
 /** How a process, or an instance (Supervisor.stop()), was ended: what is known of its main process. */
 export interface StopResult {
   outcome: 'exited' | 'already-gone';

@@ -4,6 +4,7 @@
  * they refuse a dir a running supervisor holds and name the holder), and
  * never create it.
  */
+import { QuarantinedError } from '../errors.js';
 import type { CustodyEvent } from '../events.js';
 import { STATE_FORMAT } from '../state/statedir.js';
 import { IncompleteInstanceError, assertEntryName } from '../state/manifest.js';
@@ -25,7 +26,7 @@ import {
   UsageError,
   wholeNumber,
 } from './args.js';
-import { note, print, shownArgv, table } from './output.js';
+import { CliError, note, print, shownArgv, table } from './output.js';
 
 const joined = (a: string | undefined, b: string | undefined) => (a && b ? `${a}:${b}` : (a ?? null));
 
@@ -191,6 +192,15 @@ function howItEnded(r: StopResult): string {
   return r.escalated ? `${how} (it outlived the grace period: SIGKILL)` : how;
 }
 
+/** The library's remedy is a call (release()); a CLI user's is a command. The code stays the library's. */
+function inCliTerms(err: unknown): never {
+  if (err instanceof QuarantinedError) {
+    const why = err.reason ? ` (${err.reason})` : '';
+    throw new CliError(`instance ${err.id} is quarantined${why}; run \`custody release ${err.id}\` first`, err.code);
+  }
+  throw err;
+}
+
 export const stopCommand: Command = {
   name: 'stop',
   synopsis: 'stop ID [--grace-ms N] [--state-dir DIR] [--json]',
@@ -214,7 +224,7 @@ cgroup is no longer the one recorded, or lies where another uid could change it.
     const graceMs = wholeNumber(p, 'grace-ms', 'milliseconds');
     const { pid, result } = await withSupervisor(p, async (s) => {
       const info = s.list().find((i) => i.id === id);
-      return { pid: info?.pid ?? null, result: await s.stop(id, { graceMs }) };
+      return { pid: info?.pid ?? null, result: await s.stop(id, { graceMs }).catch(inCliTerms) };
     });
     print(
       flag(p, 'json'),

@@ -126,6 +126,7 @@ function definition(spec: LaunchSpec): Attempt {
     identity: null,
     cgroup: null,
     stderrTail: () => undefined,
+    stdoutTail: () => undefined,
     notify: null,
   };
 }

@@ -20,7 +20,7 @@ import { pin } from '../process/pin.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
 import type { ProcessIdentity } from '../types.js';
-import { type Attempt, claimOf, EXIT_STATUS_WAIT_MS, exitedError, spawned } from './launch.js';
+import { type Attempt, claimOf, EXIT_STATUS_WAIT_MS, exitedError, goneBeforeConfirm, spawned } from './launch.js';
 
 /** A short kernel wait for a child's argv to appear after exec: at most 40 x 50 us. */
 const spinCell = new Int32Array(new SharedArrayBuffer(4));
@@ -105,6 +105,7 @@ export async function confirm(
   const own = pid === child.pid;
   let lastArgv: string[] | null = null;
   let spins = 0;
+  let everSeen = false;
   const timeout = () =>
     new ConfirmTimeoutError(a.id, pid, timeoutMs, `last argv seen: ${JSON.stringify(lastArgv).slice(0, 200)}`);
   for await (const _ of backoff({ firstMs: 0, maxMs: 20, deadline, signal })) {
@@ -153,6 +154,7 @@ export async function confirm(
         return;
       }
       if (pinned) lastArgv = pinned.identity.argv;
+      everSeen ||= live !== null;
       pinned?.handle.close();
       switch (step.do) {
         case 'exited': {
@@ -160,7 +162,8 @@ export async function confirm(
           // comes with its reaping, at once; the bound is for the unexpected.)
           const bound = Math.max(0, deadline - Date.now()) + EXIT_STATUS_WAIT_MS;
           const reaped = own ? await within(child.exited, bound, signal) : TIMED_OUT;
-          throw exitedError(a, pid, reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT));
+          const status = reaped !== TIMED_OUT ? reaped : (child.exitStatus ?? UNKNOWN_EXIT);
+          throw exitedError(a, pid, status, own ? undefined : goneBeforeConfirm(a, pid, everSeen));
         }
         case 'not-ours':
           if (step.why === 'cgroup' && own) a.childMovedOut = true;

@@ -14,9 +14,10 @@ import { holdExit, type ProcessHandle, releaseExit } from '../process/handle.js'
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
 import { sessionLeftovers, terminateMembers } from '../process/tree.js';
+import { errorTail, type LogFiles, logPaths, OUTPUT_TAIL_BYTES } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import type { Manifest } from '../state/manifest.js';
-import type { ExitStatus } from '../types.js';
+import type { ExitStatus, OutputTails } from '../types.js';
 import type { LifecycleHost } from './host.js';
 import { persistStopping, type Exited, type Running } from './instances.js';
 import type { Instance } from './launch.js';
@@ -52,6 +53,7 @@ export function track(
     cgroup,
     session: manifest.session ?? null,
     paths: manifest.paths.length ? manifest.paths : NO_PATHS,
+    logFiles: manifest.logs === null ? null : logPaths(host.logs.stateDir, manifest.id),
   };
   host.table.move(manifest.id, running);
   if (!holdsLoop(host.options)) handle.unref();
@@ -123,12 +125,25 @@ function onExit(host: LifecycleHost, instance: Instance, status: ExitStatus): vo
     pid: handle.pid,
     code: status.code,
     signal: status.signal,
+    ...outputTails(t.logFiles),
     message: `exited on its own (${describeExit(status)})`,
   });
   // Proven gone (its pidfd said so): stale sockets and state go with it,
   // and, as systemd does when a service's main process exits, whatever it
   // left in its cgroup (the cgroup first: the state goes only once it is empty).
   removeDeclaredPaths(paths, host.emit, id);
+}
+
+/** What it last wrote, as a failed launch's error carries it: read as it exits, before a next launch rotates the logs. */
+function outputTails(files: LogFiles | null): OutputTails {
+  const tails: OutputTails = {};
+  if (!files) return tails;
+  // Absent rather than undefined: an event is a plain record, compared and serialised as such.
+  const stderrTail = errorTail(files.stderr, OUTPUT_TAIL_BYTES);
+  const stdoutTail = errorTail(files.stdout, OUTPUT_TAIL_BYTES);
+  if (stderrTail !== undefined) tails.stderrTail = stderrTail;
+  if (stdoutTail !== undefined) tails.stdoutTail = stdoutTail;
+  return tails;
 }
 
 function cleanUpAfter(host: LifecycleHost, t: Exited, leftovers: ProcessHandle[]): Promise<void> {

@@ -21,6 +21,7 @@ import type { InstanceCgroup } from '../process/cgroup.js';
 import type { ProcessHandle } from '../process/handle.js';
 import type { InstanceStatus, InstanceSummary, StopResult } from '../options.js';
 import { IncompleteInstanceError, type Manifest, type StoppingManifest } from '../state/manifest.js';
+import type { LogFiles } from '../state/logs.js';
 import type { StateStore } from '../state/store.js';
 import type { ExitStatus } from '../types.js';
 import type { Instance } from './launch.js';
@@ -46,6 +47,8 @@ export interface Running extends Pinned {
   status: 'running';
   /** What its main process left in its session when it exited on its own, ended by its cleanup. */
   leftovers?: ProcessHandle[];
+  /** Its instance logs, whose tails its exit event carries; null where its output was not logged. */
+  logFiles: LogFiles | null;
 }
 
 /** Its main process exited on its own; what it left (its cgroup's leftovers, its state) is being cleaned up. */

@@ -9,17 +9,18 @@
  * launcher's fork), and a failed attempt is killed, reaped and its declared
  * paths removed before anything else happens.
  */
-import { closeSync } from 'node:fs';
+import { closeSync, existsSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
 import { exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';
-import { errorTail, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
+import { errorTail, OUTPUT_TAIL_BYTES, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import type { NotifyChannel } from './notify.js';
 import { TOKEN_VAR, type Claim, type TokenMode } from '../process/ownership.js';
+import { UNKNOWN_EXIT } from '../process/signals.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
 import type { ExitStatus, ProcessIdentity } from '../types.js';
 import { describe, pidMax } from '../validate.js';
@@ -89,12 +90,17 @@ export interface LaunchSpec {
    * With a pidfile custody follows systemd's Type=forking: it waits (within
    * the confirm deadline) for the launcher to exit, then reads the pidfile;
    * a launcher that exits non-zero is ERR_CUSTODY_LAUNCH_EXITED with its
-   * status and stderr tail.
+   * status and output tails; so is a daemon gone after its launcher exited 0
+   * (the pidfile still empty at the confirm deadline, or naming no process).
    */
   pid?: PidSpec;
   /** With `pid: { file }`: false for a launcher that stays (systemd-run --scope, a shell that waits). Default true. */
   launcherExits?: boolean;
-  /** Paths removed on abandon and stop (sockets, pidfiles). */
+  /**
+   * Paths (sockets, pidfiles) removed before each attempt (a stale one from an earlier run would make
+   * readiness or the pid lie), on abandon, and once the instance is proven gone (stopped, or exited on its
+   * own). The ready socket and the pidfile are declared without being listed. Kept while it is quarantined.
+   */
   paths?: string[];
   /** How long the pid may take to exec into the expected argv. Default 3000. */
   confirmTimeoutMs?: number;
@@ -140,8 +146,6 @@ export interface LaunchSpec {
   /** Cancels the launch: the attempt is abandoned and the launch rejects with an AbortError. */
   signal?: AbortSignal;
 }
-
-const STDERR_TAIL_BYTES = 2048;
 
 /** How long a failed launch waits for an exit status the kernel does not have yet. */
 export const EXIT_STATUS_WAIT_MS = 2000;
@@ -198,7 +202,9 @@ export interface Attempt {
   /** The attempt's cgroup, which the child was placed in before exec; null without a cgroup root. */
   cgroup: InstanceCgroup | null;
   identity: ProcessIdentity | null;
+  /** The attempt's last output, read when it fails (see startChild). */
   stderrTail: () => string | undefined;
+  stdoutTail: () => string | undefined;
   /** With ready: 'notify', the socket bound for the attempt (closed when the attempt ends, whichever way). */
   notify: NotifyChannel | null;
 }
@@ -221,8 +227,8 @@ export function childEnv(a: Attempt, env: Env | undefined): Env | undefined {
 
 /**
  * Spawns the command. stdout and stderr not given go to the instance's logs
- * (`logs`, null for none); the stderr tail error messages carry comes from
- * the stderr log or `{ file }`, read back bounded, or from a pipe.
+ * (`logs`, null for none); the output tails errors carry come from those
+ * logs or a `{ file }`, read back bounded, or from a pipe (stderr only).
  */
 export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null): void {
   const opened: number[] = [];
@@ -268,14 +274,20 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
     // Read for the tail, but never hold the agent's loop open for a daemon's stderr.
     (child.stderr as Readable & { unref?: () => void }).unref?.();
     (child.stderr as Readable).on('data', (d: Buffer) => {
-      tail = (tail + d.toString('utf8')).slice(-STDERR_TAIL_BYTES);
+      tail = (tail + d.toString('utf8')).slice(-OUTPUT_TAIL_BYTES);
     });
     a.stderrTail = () => tail || undefined;
-  } else if (stderr && typeof stderr === 'object' && 'file' in stderr) {
-    a.stderrTail = () => errorTail(stderr.file, STDERR_TAIL_BYTES);
-  } else if (stderr === undefined && logs) {
-    a.stderrTail = () => errorTail(logs.stderr, STDERR_TAIL_BYTES);
+  } else {
+    a.stderrTail = fileTail(stderr, logs?.stderr);
   }
+  a.stdoutTail = fileTail(spec.stdout, logs?.stdout);
+}
+
+/** The tail of the file a stream went to: the `{ file }` given, or its instance log when none was given. */
+function fileTail(given: StdioOption | undefined, log: string | undefined): () => string | undefined {
+  if (given && typeof given === 'object' && 'file' in given) return () => errorTail(given.file, OUTPUT_TAIL_BYTES);
+  if (given === undefined && log !== undefined) return () => errorTail(log, OUTPUT_TAIL_BYTES);
+  return () => undefined;
 }
 
 /** The identity the confirming inspection recorded; a launch step that needs it before confirm is a bug. */
@@ -296,8 +308,23 @@ export function spawned(a: Attempt): ProcessHandle {
   return a.child;
 }
 
-export function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus): LaunchExitedError {
-  return new LaunchExitedError(a.id, pid, status, a.stderrTail());
+export function exitedError(a: Attempt, pid: number | undefined, status: ExitStatus, what?: string): LaunchExitedError {
+  return new LaunchExitedError(a.id, pid, status, { stderrTail: a.stderrTail(), stdoutTail: a.stdoutTail() }, what);
+}
+
+/**
+ * Why a reported pid was gone at confirm, where its status (which only a child's reaping gives) would say
+ * nothing: a pid function's pid no process had when first looked at, or a forking daemon gone after its
+ * launcher exited 0. undefined: "exited with <status>" says it.
+ */
+export function goneBeforeConfirm(a: Attempt, pid: number, everSeen: boolean): string | undefined {
+  if (typeof a.pidSpec === 'function' && !everSeen) {
+    return `the pid function returned ${pid}, and no process has that pid (it never existed, or ended before it could be inspected)`;
+  }
+  if (typeof a.pidSpec === 'object' && a.launcherExits) {
+    return `the daemon died: its launcher exited 0, but no process is left with the pid ${pid} that ${a.pidSpec.file} names`;
+  }
+  return undefined;
 }
 
 /** The error for a confirmed target that exited before it was ready: a non-child's status is worth a bounded wait. */
@@ -353,6 +380,12 @@ export async function obtainPid(
     // have daemonized after writing, so keep reading until the deadline.
     const st = child.exitStatus;
     if (st && (st.code !== 0 || st.signal)) throw exitedError(a, child.pid, st);
+  }
+  if (a.launcherExits) {
+    // The launcher succeeded: what failed is the daemon it left, and its output says why.
+    const where = existsSync(file) ? `${file} is still empty` : `${file} does not exist`;
+    const what = `the daemon died or never wrote its pid: its launcher exited 0, but ${where} after ${timeoutMs} ms`;
+    throw exitedError(a, undefined, child.exitStatus ?? UNKNOWN_EXIT, what);
   }
   throw new ConfirmTimeoutError(a.id, undefined, timeoutMs, `no pid in ${file}`);
 }

@@ -64,7 +64,10 @@ export function readLogTail(path: string, options: { lines?: number; maxBytes?: 
   }
 }
 
-/** The stderr tail an error message carries: the last whole lines within maxBytes, or undefined. */
+/** The bound of every output tail an error or an exit event carries. */
+export const OUTPUT_TAIL_BYTES = 2048;
+
+/** The output tail an error message carries: the last whole lines within maxBytes, or undefined. */
 export function errorTail(path: string, maxBytes: number): string | undefined {
   try {
     return readLogTail(path, { lines: Number.MAX_SAFE_INTEGER, maxBytes }) || undefined;

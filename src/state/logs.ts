@@ -42,7 +42,7 @@ import { assertId } from './manifest.js';
 import { loopSlices } from '../timing.js';
 
 // Reading a log (a tail, a follow) is log-read.ts's; exported here too, where the logs' other names are.
-export { errorTail, followLog, readLogTail } from './log-read.js';
+export { errorTail, followLog, OUTPUT_TAIL_BYTES, readLogTail } from './log-read.js';
 
 export interface LogOptions {
   /** A file past this size is rotated. Default 8 MiB. */

@@ -398,6 +398,10 @@ describe(`custody recover, release, stop (${backend.name})`, () => {
       ['quarantined', 'worse', String(s.pids.worse), 'reused:startTicks'],
     ]);
 
+    // The remedy a CLI user can run, not the library's call; the code stays.
+    expect(failure(await cli(['stop', 'bad', '--state-dir', s.stateDir]), 'ERR_CUSTODY_QUARANTINED')).toMatch(
+      /^custody: instance bad is quarantined \(.+\); run `custody release bad` first \[ERR_CUSTODY_QUARANTINED\]\n$/,
+    );
     expect(ok(await cli(['release', 'bad', '--state-dir', s.stateDir]))).toBe(
       `released bad (pid ${s.pids.bad}); nothing was signalled\n`,
     );

@@ -25,7 +25,7 @@ const instance = {
   cgroup: null,
 };
 const pinned = { instance, handle, cgroup: null, session: null, paths: [] };
-const running: Running = { status: 'running', ...pinned };
+const running: Running = { status: 'running', ...pinned, logFiles: null };
 const exited: Exited = { status: 'exited', ...pinned, exit: { code: 0, signal: null }, cleanup: Promise.resolve() };
 const stopping = (from: Running | Exited, persisted: boolean): Stopping => ({
   status: 'stopping',

@@ -36,6 +36,7 @@ function attempt(more: Partial<Attempt> = {}): Attempt {
     cgroup: null,
     identity: null,
     stderrTail: () => undefined,
+    stdoutTail: () => undefined,
     notify: null,
     ...more,
   };

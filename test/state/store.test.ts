@@ -398,7 +398,7 @@ describe(`writes that fail (${backend.name})`, () => {
       const token = 'f'.repeat(32);
       const child = spawn(${JSON.stringify(PERL)}, ['-e', 'sleep 300', token, ${JSON.stringify(MARKER)}], { stdio: 'ignore', detached: true });
       const a = { id: 'undo', token, argv: [], expect: [], executable: null, paths: [], pidSpec: 'child', launcherExits: true,
-        child, target: child, identity: null, stderrTail: () => undefined };
+        child, target: child, identity: null, stderrTail: () => undefined, stdoutTail: () => undefined };
       const hoard = [];
       try { for (;;) hoard.push(openSync('/dev/null', 'r')); } catch (e) { if (e.code !== 'EMFILE') throw e; }
       let error = null;

@@ -14,12 +14,12 @@ import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
-import { exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
+import { executableId, exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import type { NotifyChannel } from './notify.js';
-import { TOKEN_VAR, type Claim, type TokenMode } from '../process/ownership.js';
+import { TOKEN_VAR, type Claim, type DevIno, type TokenMode } from '../process/ownership.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
 import type { ExitStatus, ProcessIdentity } from '../types.js';
 import { describe, pidMax } from '../validate.js';
@@ -232,11 +232,12 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
     opened.push(fd);
     return { fd };
   };
+  const env = childEnv(a, spec.env);
   let child: ProcessHandle;
   try {
     child = spawn(spec.command, a.argv, {
       stdio: ['ignore', stdio(spec.stdout, logs?.stdout), stdio(spec.stderr, logs?.stderr)],
-      env: childEnv(a, spec.env),
+      env,
       cwd: spec.cwd,
       detached: spec.detached !== false,
       newGroup: spec.processGroup === true,
@@ -252,16 +253,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   // The launcher's own program: a reported pid still running it is the
   // launcher's fork before exec, whatever its argv says. (Not needed when the
   // child is the target.)
-  if (a.pidSpec !== 'child') {
-    try {
-      const launcher = backend.inspect(child.pid);
-      a.launcherExe = launcher.exe;
-      a.launcherStartTicks = launcher.startTicks;
-    } catch {
-      a.launcherExe = null;
-      a.launcherStartTicks = null;
-    }
-  }
+  if (a.pidSpec !== 'child') [a.launcherExe, a.launcherStartTicks] = launcherProgram(child.pid, spec, env);
   const stderr = spec.stderr;
   if (stderr === 'pipe' && child.stderr) {
     let tail = '';
@@ -290,7 +282,31 @@ export function confirmedTarget(a: Attempt): ProcessHandle {
   return a.target;
 }
 
-/** The process startChild() spawned. */
+/**
+ * What the launcher runs, and since when. Read from the launcher itself
+ * while it shows an exe; a launcher that is done by the time we look
+ * (start-stop-daemon --background exits once its fork has written the
+ * pidfile, before that fork execs: 6 in 100 launches on the js backend,
+ * whose spawn returns later) is a zombie with no exe, and without a program
+ * to compare its fork would be taken for the target. Then the file the
+ * spawn exec'd says what the fork runs, as recovery reads it (claims.ts).
+ */
+function launcherProgram(pid: number, spec: LaunchSpec, env: Env | undefined): [DevIno | null, number | null] {
+  let since: number | null = null;
+  try {
+    const launcher = backend.inspect(pid);
+    if (launcher.exe) return [launcher.exe, launcher.startTicks];
+    since = launcher.startTicks;
+  } catch {
+    // gone or unreadable: the file it was spawned from still says what its forks run
+  }
+  try {
+    return [executableId(spec.command, env ?? process.env, spec.cwd), since];
+  } catch {
+    return [null, since];
+  }
+}
+
 export function spawned(a: Attempt): ProcessHandle {
   if (!a.child) throw new Error(`launch of ${a.id}: nothing spawned yet`);
   return a.child;

@@ -116,6 +116,16 @@ export function resolveExecutable(command: string, env: Record<string, string | 
   throw errno(sawEacces ? 'EACCES' : 'ENOENT', command);
 }
 
+/** The file spawn() would exec for `command` (its dev and ino), found as spawn() finds it; throws as resolveExecutable does. */
+export function executableId(
+  command: string,
+  env: Record<string, string | undefined>,
+  cwd?: string,
+): { dev: number; ino: number } {
+  const st = statSync(fsPath(resolveExecutable(command, env, cwd)));
+  return { dev: st.dev, ino: st.ino };
+}
+
 /** Turns spawn options into backend stdio targets; opens `{ file }` targets (the caller closes them). */
 export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [StdioTarget, StdioTarget, StdioTarget] {
   // The default, and the common case of a busy spawner: nothing to open.

@@ -12,9 +12,10 @@
 import { closeSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
+import type { RawIdentity } from '../backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
-import { executableId, exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
+import { exitStatusWithin, type ProcessHandle, spawn, spawnedFile, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';
 import { errorTail, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
@@ -283,28 +284,31 @@ export function confirmedTarget(a: Attempt): ProcessHandle {
 }
 
 /**
- * What the launcher runs, and since when. Read from the launcher itself
- * while it shows an exe; a launcher that is done by the time we look
- * (start-stop-daemon --background exits once its fork has written the
- * pidfile, before that fork execs: 6 in 100 launches on the js backend,
- * whose spawn returns later) is a zombie with no exe, and without a program
- * to compare its fork would be taken for the target. Then the file the
- * spawn exec'd says what the fork runs, as recovery reads it (claims.ts).
+ * What the launcher's forks run before they exec, and since when the launcher
+ * runs. For a binary, the file spawned: the launcher itself may show another
+ * exe by the time we look. It may be done already (start-stop-daemon
+ * --background exits once its fork has written the pidfile, before that fork
+ * execs: 6 in 100 js launches, 1 in 100 native), a zombie with no exe; or,
+ * placed in a cgroup by the js backend, still its placing shell (35 in 40).
+ * Either way its fork would be taken for the target. A script's forks run its
+ * interpreter, which only the launcher shows (#!/usr/bin/env names another).
  */
 function launcherProgram(pid: number, spec: LaunchSpec, env: Env | undefined): [DevIno | null, number | null] {
-  let since: number | null = null;
+  let seen: RawIdentity | null = null;
   try {
-    const launcher = backend.inspect(pid);
-    if (launcher.exe) return [launcher.exe, launcher.startTicks];
-    since = launcher.startTicks;
+    seen = backend.inspect(pid);
   } catch {
     // gone or unreadable: the file it was spawned from still says what its forks run
   }
+  const since = seen?.startTicks ?? null;
+  let file: { id: DevIno; script: boolean } | null = null;
   try {
-    return [executableId(spec.command, env ?? process.env, spec.cwd), since];
+    file = spawnedFile(spec.command, env ?? process.env, spec.cwd);
   } catch {
-    return [null, since];
+    // replaced or removed since the spawn: what the launcher shows is all there is
   }
+  if (file && !file.script) return [file.id, since];
+  return [seen?.exe ?? file?.id ?? null, since];
 }
 
 export function spawned(a: Attempt): ProcessHandle {

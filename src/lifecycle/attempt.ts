@@ -7,13 +7,11 @@
  * are made from it.
  */
 import { randomBytes } from 'node:crypto';
-import { statSync } from 'node:fs';
 import { backend } from '../backend/index.js';
-import { fsPath } from '../bytes.js';
 import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
-import { type ProcessHandle, resolveExecutable } from '../process/handle.js';
+import { executableId, type ProcessHandle } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import {
@@ -104,9 +102,7 @@ function definition(spec: LaunchSpec): Attempt {
   const paths = [...(spec.paths ?? [])];
   if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);
   if (typeof pidSpec === 'object') paths.push(pidSpec.file);
-  const executable = spec.executable
-    ? statSync(fsPath(resolveExecutable(spec.executable, spec.env ?? process.env, spec.cwd)))
-    : null;
+  const executable = spec.executable ? executableId(spec.executable, spec.env ?? process.env, spec.cwd) : null;
   return {
     id: spec.id,
     token,

@@ -12,14 +12,15 @@
 import { closeSync, existsSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
+import type { RawIdentity } from '../backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
-import { exitStatusWithin, type ProcessHandle, spawn, type StdioOption } from '../process/handle.js';
+import { exitStatusWithin, type ProcessHandle, spawn, spawnedFile, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';
 import { errorTail, OUTPUT_TAIL_BYTES, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
 import { isTargetPid, readPidfile } from './pidfile.js';
 import type { NotifyChannel } from './notify.js';
-import { TOKEN_VAR, type Claim, type TokenMode } from '../process/ownership.js';
+import { TOKEN_VAR, type Claim, type DevIno, type TokenMode } from '../process/ownership.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
 import type { ExitStatus, ProcessIdentity } from '../types.js';
@@ -238,11 +239,12 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
     opened.push(fd);
     return { fd };
   };
+  const env = childEnv(a, spec.env);
   let child: ProcessHandle;
   try {
     child = spawn(spec.command, a.argv, {
       stdio: ['ignore', stdio(spec.stdout, logs?.stdout), stdio(spec.stderr, logs?.stderr)],
-      env: childEnv(a, spec.env),
+      env,
       cwd: spec.cwd,
       detached: spec.detached !== false,
       newGroup: spec.processGroup === true,
@@ -258,16 +260,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   // The launcher's own program: a reported pid still running it is the
   // launcher's fork before exec, whatever its argv says. (Not needed when the
   // child is the target.)
-  if (a.pidSpec !== 'child') {
-    try {
-      const launcher = backend.inspect(child.pid);
-      a.launcherExe = launcher.exe;
-      a.launcherStartTicks = launcher.startTicks;
-    } catch {
-      a.launcherExe = null;
-      a.launcherStartTicks = null;
-    }
-  }
+  if (a.pidSpec !== 'child') [a.launcherExe, a.launcherStartTicks] = launcherProgram(child.pid, spec, env);
   const stderr = spec.stderr;
   if (stderr === 'pipe' && child.stderr) {
     let tail = '';
@@ -302,7 +295,34 @@ export function confirmedTarget(a: Attempt): ProcessHandle {
   return a.target;
 }
 
-/** The process startChild() spawned. */
+/**
+ * What the launcher's forks run before they exec, and since when the launcher
+ * runs. For a binary, the file spawned: the launcher itself may show another
+ * exe by the time we look. It may be done already (start-stop-daemon
+ * --background exits once its fork has written the pidfile, before that fork
+ * execs: 6 in 100 js launches, 1 in 100 native), a zombie with no exe; or,
+ * placed in a cgroup by the js backend, still its placing shell (35 in 40).
+ * Either way its fork would be taken for the target. A script's forks run its
+ * interpreter, which only the launcher shows (#!/usr/bin/env names another).
+ */
+function launcherProgram(pid: number, spec: LaunchSpec, env: Env | undefined): [DevIno | null, number | null] {
+  let seen: RawIdentity | null = null;
+  try {
+    seen = backend.inspect(pid);
+  } catch {
+    // gone or unreadable: the file it was spawned from still says what its forks run
+  }
+  const since = seen?.startTicks ?? null;
+  let file: { id: DevIno; script: boolean } | null = null;
+  try {
+    file = spawnedFile(spec.command, env ?? process.env, spec.cwd);
+  } catch {
+    // replaced or removed since the spawn: what the launcher shows is all there is
+  }
+  if (file && !file.script) return [file.id, since];
+  return [seen?.exe ?? file?.id ?? null, since];
+}
+
 export function spawned(a: Attempt): ProcessHandle {
   if (!a.child) throw new Error(`launch of ${a.id}: nothing spawned yet`);
   return a.child;

@@ -3,7 +3,7 @@
  * existing process (pin.ts) after proving it is the expected one; spawn()
  * pins a new child from birth.
  */
-import { accessSync, closeSync, constants as fsConstants, statSync } from 'node:fs';
+import { accessSync, closeSync, constants as fsConstants, openSync, readSync, statSync } from 'node:fs';
 import * as path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { fsPath } from '../bytes.js';
@@ -114,6 +114,42 @@ export function resolveExecutable(command: string, env: Record<string, string | 
     else if (r !== 'ENOENT') return r;
   }
   throw errno(sawEacces ? 'EACCES' : 'ENOENT', command);
+}
+
+/** The file spawn() would exec for `command` (its dev and ino), found as spawn() finds it; throws as resolveExecutable does. */
+export function executableId(
+  command: string,
+  env: Record<string, string | undefined>,
+  cwd?: string,
+): { dev: number; ino: number } {
+  return spawnedFile(command, env, cwd).id;
+}
+
+/**
+ * executableId, and whether the file is a script (starts with #!): the
+ * kernel then runs its interpreter. A file we may not read (mode 0711) is
+ * no script: an interpreter could not read it either.
+ */
+export function spawnedFile(
+  command: string,
+  env: Record<string, string | undefined>,
+  cwd?: string,
+): { id: { dev: number; ino: number }; script: boolean } {
+  const file = fsPath(resolveExecutable(command, env, cwd));
+  const st = statSync(file);
+  const id = { dev: st.dev, ino: st.ino };
+  let fd: number;
+  try {
+    fd = openSync(file, fsConstants.O_RDONLY | fsConstants.O_NONBLOCK);
+  } catch {
+    return { id, script: false };
+  }
+  try {
+    const head = Buffer.alloc(2);
+    return { id, script: readSync(fd, head, 0, 2, 0) === 2 && head[0] === 0x23 && head[1] === 0x21 };
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** Turns spawn options into backend stdio targets; opens `{ file }` targets (the caller closes them). */

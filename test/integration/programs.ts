@@ -19,6 +19,19 @@ export function installed(name: string): string | null {
   return null;
 }
 
+/** start-stop-daemon's argv for a background start: it forks, writes the pidfile (the fork's pid), then the fork execs. */
+export const ssdStart = (pidfile: string, exec: string, args: string[]) => [
+  '--start',
+  '--background',
+  '--make-pidfile',
+  '--pidfile',
+  pidfile,
+  '--exec',
+  exec,
+  '--',
+  ...args,
+];
+
 /** A QEMU that idles cheaply: no machine, no devices, no display; QMP on a unix socket; named after the token. */
 export const qemuArgs = (token: string, qmp: string, extra: string[] = []) => [
   '-name',

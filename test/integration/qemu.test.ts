@@ -17,7 +17,7 @@ import { Supervisor, type CustodyEvent } from '../../src/index.js';
 import { expectNoLeaks, processesWithEnvMarker, processesWithMarker } from '../helpers/leaks.js';
 import { isGone, killAndWait, MARKER, waitFor } from '../helpers/procs.js';
 import { FIXTURES, openSupervisor, PYTHON } from '../helpers/supervisor.js';
-import { installed, qemuArgs } from './programs.js';
+import { installed, qemuArgs, ssdStart as ssd } from './programs.js';
 import { plainEnv } from './plain-env.js';
 
 const QEMU = installed('qemu-system-x86_64');
@@ -52,18 +52,6 @@ afterEach(async () => {
   await ctx?.dispose();
 });
 
-/** start-stop-daemon's argv for a background start: it forks, writes the pidfile (the fork's pid), then the fork execs. */
-const ssd = (pidfile: string, exec: string, args: string[]) => [
-  '--start',
-  '--background',
-  '--make-pidfile',
-  '--pidfile',
-  pidfile,
-  '--exec',
-  exec,
-  '--',
-  ...args,
-];
 const NO_SSD = 'start-stop-daemon is not installed (Debian package dpkg)';
 
 /**

@@ -14,11 +14,11 @@ import { createConnection } from 'node:net';
 import { join } from 'node:path';
 import { describe, expect, it, type TestContext } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import { inspect, Supervisor, type CustodyEvent } from '../../src/index.js';
+import { inspect } from '../../src/index.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { isGone, isRoot, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { plainEnv } from './plain-env.js';
-import { installed } from './programs.js';
+import { installed, restartingAgent } from './programs.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
 
@@ -38,28 +38,6 @@ function need(t: TestContext, found: unknown, pkg: string): void {
   const why = `${pkg} is not installed (Debian: apt-get install ${pkg}; .ci/run installs it)`;
   if (!found && process.env.CUSTODY_REQUIRE_DAEMONS === '1') throw new Error(`CUSTODY_REQUIRE_DAEMONS=1, but ${why}`);
   t.skip(!found, why);
-}
-
-/** A state dir of this test's and a supervisor on it, reopened as a restarted agent would. */
-function agent(root: string) {
-  const events: CustodyEvent[] = [];
-  const options = { stateDir: join(root, 'state'), onEvent: (e: CustodyEvent) => events.push(e) };
-  let current: Supervisor | null = null;
-  cleanups.push(async () => {
-    if (current) {
-      for (const i of current.list()) if (i.status === 'running') await current.stop(i.id, { graceMs: 5000 });
-      await current.close();
-    }
-  });
-  return {
-    events,
-    async open() {
-      await current?.close();
-      const r = await Supervisor.open(options);
-      current = r.supervisor;
-      return r;
-    },
-  };
 }
 
 /** One request on a unix socket; resolves once the reply so far satisfies `done` (the master CLI keeps it open). */
@@ -101,7 +79,7 @@ describe(`daemons across an agent restart (${backend.name})`, () => {
       env: plainEnv(),
       timeout: 60_000,
     });
-    const a = agent(dir.path);
+    const a = restartingAgent({ stateDir: join(dir.path, 'state') }, (fn) => cleanups.push(fn));
     const { supervisor } = await a.open();
     const sock = join(run, '.s.PGSQL.5432');
     const inst = await supervisor.launch({
@@ -157,7 +135,7 @@ describe(`daemons across an agent restart (${backend.name})`, () => {
         '',
       ].join('\n'),
     );
-    const a = agent(dir.path);
+    const a = restartingAgent({ stateDir: join(dir.path, 'state') }, (fn) => cleanups.push(fn));
     const { supervisor } = await a.open();
     // The master CLI answers once the master runs its loop (before that it takes no SIGUSR2): ready then.
     const workerListed = async () => {

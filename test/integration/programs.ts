@@ -4,6 +4,7 @@
  */
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
+import { Supervisor, type CustodyEvent, type SupervisorOptions } from '../../src/index.js';
 import { MARKER } from '../helpers/procs.js';
 
 /** A program's path if it is installed (PATH and the sbin dirs a non-login shell may lack). */
@@ -45,3 +46,30 @@ export const qemuArgs = (token: string, qmp: string, extra: string[] = []) => [
   `unix:${qmp},server=on,wait=off`,
   ...extra,
 ];
+
+/**
+ * An agent that restarts: a supervisor on `stateDir`, reopened by open() as a restarted agent would (the
+ * last one closed first, its instances left running). `onCleanup` gets what ends it: the instances still
+ * running stopped, the supervisor closed.
+ */
+export function restartingAgent(
+  options: Omit<SupervisorOptions, 'onEvent'>,
+  onCleanup: (fn: () => Promise<void>) => void,
+) {
+  const events: CustodyEvent[] = [];
+  let current: Supervisor | null = null;
+  onCleanup(async () => {
+    if (!current) return;
+    for (const i of current.list()) if (i.status === 'running') await current.stop(i.id, { graceMs: 5000 });
+    await current.close();
+  });
+  return {
+    events,
+    async open() {
+      await current?.close();
+      const r = await Supervisor.open({ ...options, onEvent: (e) => events.push(e) });
+      current = r.supervisor;
+      return r;
+    },
+  };
+}

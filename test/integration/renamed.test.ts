@@ -14,11 +14,12 @@ import { join } from 'node:path';
 import { describe, expect, it, type TestContext } from 'vitest';
 import { qmpReady } from '../../examples/qmp.js';
 import { backend } from '../../src/backend/index.js';
-import { inspect, Supervisor, verify, type CustodyEvent, type LaunchSpec } from '../../src/index.js';
+import { inspect, type LaunchSpec, verify } from '../../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { isGone, MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { plainEnv } from './plain-env.js';
+import { restartingAgent } from './programs.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
@@ -44,30 +45,10 @@ function need(t: TestContext, path: string | null, pkg: string): string {
 /** A state dir of this test's, and a supervisor opened on it that the test reopens as a restarted agent would. */
 function agent(withCgroup: boolean) {
   const dir = tmpDir('custody-renamed-');
-  const events: CustodyEvent[] = [];
-  const options = {
-    stateDir: join(dir.path, 'state'),
-    onEvent: (e: CustodyEvent) => events.push(e),
-    ...(withCgroup ? { cgroup: { root: CGROUP_ROOT } } : {}),
-  };
-  let current: Supervisor | null = null;
-  cleanups.push(async () => {
-    if (current) {
-      for (const i of current.list()) if (i.status === 'running') await current.stop(i.id, { graceMs: 3000 });
-      await current.close();
-    }
-    dir.cleanup();
-  });
-  return {
-    dir: dir.path,
-    events,
-    async open() {
-      await current?.close();
-      const r = await Supervisor.open(options);
-      current = r.supervisor;
-      return r;
-    },
-  };
+  const options = { stateDir: join(dir.path, 'state'), ...(withCgroup ? { cgroup: { root: CGROUP_ROOT } } : {}) };
+  // Cleanups run last first: the agent ends before its dir goes.
+  cleanups.push(() => dir.cleanup());
+  return { dir: dir.path, ...restartingAgent(options, (fn) => cleanups.push(fn)) };
 }
 
 /** redis on a unix socket only (port 0), no persistence; the token is in its pidfile's name, which its title drops. */

@@ -532,11 +532,17 @@ describe(`exhaustion is an error, not an answer (${backend.name})`, () => {
         for (let i = 0; i < 200 && status() !== null; i++) await new Promise((r) => setTimeout(r, 50));
         out.cleaned = cleaned;
         out.status = status();
-        try {
-          const inst = await sup.launch({ id: 'vm', command: ${JSON.stringify(PERL)}, args: (t) => ['-e', 'sleep 30', '--', t] });
-          out.launched = inst.pid > 0;
-        } catch (e) {
-          out.launched = e.code;
+        // The retry that cleaned it may still be finishing its recover() (ERR_CUSTODY_BUSY until then).
+        for (let i = 0; i < 100; i++) {
+          try {
+            const inst = await sup.launch({ id: 'vm', command: ${JSON.stringify(PERL)}, args: (t) => ['-e', 'sleep 30', '--', t] });
+            out.launched = inst.pid > 0;
+            break;
+          } catch (e) {
+            out.launched = e.code;
+            if (e.code !== 'ERR_CUSTODY_BUSY') break;
+            await new Promise((r) => setTimeout(r, 50));
+          }
         }
         if (status() === 'running') await sup.stop('vm', { graceMs: 2000 });
         await sup.close();

@@ -232,6 +232,8 @@ os.read(r, 1)`;
         ],
         pid: { file: pidfile },
         attempts: 2,
+        // dnsmasq is not under test: no sanitizer preload (as nobody it could not even write its reports).
+        env: plainEnv(),
       })
       .catch((e: unknown) => e);
     const dns = await named;

@@ -506,26 +506,6 @@ export class CgroupRoot {
     return new InstanceCgroup(dir, hierarchyPath(dir, this.#mount), String(statSync(dir, { bigint: true }).ino));
   }
 
-  /**
-   * The instance cgroup a manifest recorded, if it is still there and still
-   * the same cgroup (same id) and is one of this supervisor's; else null.
-   */
-  find(recorded: { path: string; id: string } | null | undefined): InstanceCgroup | null {
-    if (!recorded || !this.owns(recorded.path)) return null;
-    try {
-      const cg = this.#at(recorded.path);
-      return cg.id === recorded.id ? cg : null;
-    } catch (err) {
-      if (code(err) === 'ENOENT') return null;
-      throw err;
-    }
-  }
-
-  /** Whether a path is an instance cgroup's of this supervisor (directly in its sub-cgroup). */
-  owns(dir: string): boolean {
-    return path.dirname(dir) === this.dir;
-  }
-
   /** Every instance cgroup in this supervisor's sub-cgroup, by name. */
   list(): InstanceCgroup[] {
     let names: string[];

@@ -3,6 +3,7 @@
 // grace runs) is found by the rescans and ended; a process re-parented away
 // from the tree counts only through the session custody made, and only when
 // that session is named; a process outside both is never touched.
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
 import { descendants, spawn, terminateTree } from '../../src/index.js';
@@ -21,6 +22,9 @@ function killMarkedAfter(): void {
     await waitFor(() => left().length === 0, 5000, 'the marked processes to end');
   });
 }
+
+/** The kernel's own list of a process's children (not custody's walk), empty once the orphan's parent has exited. */
+const childless = (pid: number) => readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim() === '';
 
 const byName = (name: string) =>
   processesWithMarker(MARKER).find((p) => p.cmd.includes(` ${name} `) && p.state !== 'Z');
@@ -57,6 +61,8 @@ describe(`process trees (${backend.name})`, () => {
     const prog = `my $p = fork; if (!$p) { exec($^X, '-e', 'sleep 60', '--', 'orphan', $ARGV[0]) if !fork; exit 0 } waitpid($p, 0); sleep 60`;
     const first = spawn(PERL, ['-e', prog, MARKER], { detached: true });
     const orphan = await waitFor(() => byName('orphan'), 5000, 'the orphan');
+    // The orphan can exec before its parent exits: until then it is still in the tree.
+    await waitFor(() => childless(first.pid), 5000, 'the orphan to be re-parented');
     const pinned = descendants(first.pid);
     expect(pinned.map((d) => d.pid)).not.toContain(orphan.pid);
     for (const d of pinned) d.close();
@@ -71,6 +77,7 @@ describe(`process trees (${backend.name})`, () => {
     const second = spawn(PERL, ['-e', prog, MARKER], { detached: true });
     cleanups.push(() => second.close());
     const secondOrphan = await waitFor(() => byName('orphan'), 5000, 'the second orphan');
+    await waitFor(() => childless(second.pid), 5000, 'the second orphan to be re-parented');
     const named = await terminateTree(second, { graceMs: 2000, session: second.pid });
     expect(named).toMatchObject({ outcome: 'exited', escalated: false });
     expect(named.members.sort()).toEqual([second.pid, secondOrphan.pid].sort());

@@ -103,3 +103,94 @@ export function loopSlices(ms = LOOP_SLICE_MS): () => Promise<void> | null {
     );
   };
 }
+
+/** How often paced checks run, and how much of each tick they may take together. */
+const PACE_TICK_MS = 25;
+const PACE_BUDGET_MS = 4;
+
+interface PacedCheck {
+  check: () => boolean;
+  withdrawn?: boolean;
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+/** The checks waiting for their turn, in the order they run next (one that ran and goes on waits at the end). */
+const pacedChecks = new Set<PacedCheck>();
+let paceTimer: NodeJS.Timeout | undefined;
+
+/**
+ * A check that many waiters poll on one shared timer: each tick runs the
+ * waiting checks in turn for at most PACE_BUDGET_MS (at least one), and the
+ * next tick goes on where it stopped. Five thousand stops in flight, each
+ * polling on a timer of its own, read /proc or cgroup.events five thousand
+ * times a tick and starve the loop that would deliver their processes'
+ * exits (every stop then waited longer, and so polled more); paced, they
+ * take a bounded share of the loop, and a check's period grows with the
+ * number waiting instead. `done` settles once check() returns true (rejects
+ * if it throws); cancel() withdraws it. A check that is never done (one
+ * that acts, then returns false) runs until cancelled.
+ */
+export function paced(check: () => boolean): { done: Promise<void>; cancel: () => void } {
+  let entry: PacedCheck | undefined;
+  const done = new Promise<void>((resolve, reject) => {
+    entry = { check, resolve, reject };
+  });
+  const e = entry as PacedCheck;
+  pacedChecks.add(e);
+  paceTimer ??= setInterval(paceTick, PACE_TICK_MS);
+  return { done, cancel: () => withdraw(e) };
+}
+
+function withdraw(e: PacedCheck): void {
+  e.withdrawn = true;
+  pacedChecks.delete(e);
+  if (pacedChecks.size === 0 && paceTimer) {
+    clearInterval(paceTimer);
+    paceTimer = undefined;
+  }
+}
+
+function paceTick(): void {
+  const stop = performance.now() + PACE_BUDGET_MS;
+  // Each check at most once a tick: the ones that go on waiting are put back at the end.
+  let ran = 0;
+  for (let left = pacedChecks.size; left > 0 && (ran === 0 || performance.now() < stop); left--) {
+    const e = pacedChecks.values().next().value;
+    if (!e) break;
+    ran++;
+    pacedChecks.delete(e);
+    let ok: boolean;
+    try {
+      ok = e.check();
+    } catch (err) {
+      withdraw(e);
+      e.reject(err);
+      continue;
+    }
+    if (ok) {
+      withdraw(e);
+      e.resolve();
+    } else if (!e.withdrawn) {
+      // Taken out for its turn, it may have seen the last other check withdrawn, and the timer with it.
+      pacedChecks.add(e);
+      paceTimer ??= setInterval(paceTick, PACE_TICK_MS);
+    }
+  }
+}
+
+/**
+ * Waits (paced) until check() returns true, at most ms. After the bound the
+ * check is made once more, fresh: a deadline measured on a busy loop must
+ * not report as still true what has become false meanwhile. true: the check
+ * held.
+ */
+export async function pacedUntil(check: () => boolean, ms: number, signal?: AbortSignal): Promise<boolean> {
+  if (check()) return true;
+  const p = paced(check);
+  try {
+    return (await within(p.done, ms, signal)) !== TIMED_OUT || check();
+  } finally {
+    p.cancel();
+  }
+}

@@ -1,6 +1,6 @@
-/** src/timing.ts: within(), sleep() and backoff() settle once, honour AbortSignal, and leave no timer behind. */
+/** src/timing.ts: within(), sleep(), backoff() and paced() settle once, honour AbortSignal, and leave no timer behind. */
 import { describe, expect, it } from 'vitest';
-import { backoff, loopSlices, sleep, TIMED_OUT, within } from '../src/timing.js';
+import { backoff, loopSlices, paced, pacedUntil, sleep, TIMED_OUT, within } from '../src/timing.js';
 
 const activeTimers = () =>
   (process as unknown as { getActiveResourcesInfo(): string[] }).getActiveResourcesInfo().filter((r) => r === 'Timeout')
@@ -92,5 +92,79 @@ describe('backoff', () => {
     await turn;
     order.push('slice');
     expect(order).toEqual(['other', 'slice']);
+  });
+});
+
+/** Spins for ms: a check that costs what reading a busy /proc does. */
+function spin(ms: number): void {
+  const until = performance.now() + ms;
+  while (performance.now() < until) {
+    /* busy */
+  }
+}
+
+describe('paced', () => {
+  it('many checks share one timer: a tick runs what fits its budget, the rest next tick, each once a tick', async () => {
+    const before = activeTimers();
+    const runs = new Array<number>(200).fill(0);
+    let done = 0;
+    const waits = runs.map((_, i) =>
+      paced(() => {
+        runs[i]! += 1;
+        spin(0.5);
+        return runs[i]! >= 2;
+      }).done.then(() => done++),
+    );
+    // One timer for all two hundred, not one each.
+    expect(activeTimers()).toBe(before + 1);
+    await sleep(30);
+    // The first tick ran what fits in its budget (a few ms at 0.5 ms each), at least one, and no check twice.
+    const ran = runs.filter((n) => n > 0).length;
+    expect(ran).toBeGreaterThanOrEqual(1);
+    expect(ran).toBeLessThan(100);
+    expect(Math.max(...runs)).toBe(1);
+    await Promise.all(waits);
+    expect(done).toBe(200);
+    expect(runs.every((n) => n === 2)).toBe(true);
+    // The last one done, the timer goes (another test's timer may have gone meanwhile too).
+    expect(activeTimers()).toBeLessThanOrEqual(before);
+  });
+
+  it('cancel() withdraws a check; one that throws rejects its own wait and no other', async () => {
+    const before = activeTimers();
+    let cancelledRuns = 0;
+    const cancelled = paced(() => {
+      cancelledRuns++;
+      return false;
+    });
+    cancelled.cancel();
+    const failing = paced(() => {
+      throw new Error('unreadable');
+    });
+    let n = 0;
+    const fine = paced(() => ++n >= 3);
+    await expect(failing.done).rejects.toThrow('unreadable');
+    await fine.done;
+    expect(cancelledRuns).toBe(0);
+    expect(activeTimers()).toBeLessThanOrEqual(before);
+  });
+
+  it('pacedUntil() reads once more, fresh, at its bound: what became true as the bound passed is true', async () => {
+    expect(await pacedUntil(() => true, 0)).toBe(true);
+    let flips = 0;
+    // False on every paced tick, true when read at the bound: the verdict is the fresh read.
+    const start = Date.now();
+    expect(
+      await pacedUntil(() => {
+        flips++;
+        return Date.now() - start >= 60;
+      }, 60),
+    ).toBe(true);
+    expect(flips).toBeGreaterThan(1);
+    expect(await pacedUntil(() => false, 30)).toBe(false);
+    const ac = new AbortController();
+    const waiting = pacedUntil(() => false, 10_000, ac.signal);
+    ac.abort(new Error('enough'));
+    await expect(waiting).rejects.toMatchObject({ name: 'AbortError' });
   });
 });

@@ -41,7 +41,7 @@ import {
   type MountEntry,
 } from '../backend/cgroupv2.js';
 import { BadCgroupError, CgroupTimeoutError, InvalidArgError, UnsupportedError } from '../errors.js';
-import { backoff } from '../timing.js';
+import { backoff, pacedUntil } from '../timing.js';
 import { type CgroupRecordFile, claimOwnCgroup, guardCgroup, ownCgroupName, recordedCgroup } from './cgroup-guard.js';
 import { type CgroupLeftover, removeSubtree, subtree } from './cgroup-tree.js';
 import type { CgroupCapabilities } from '../types.js';
@@ -252,9 +252,9 @@ export class InstanceCgroup {
     return this.#until(() => !this.populated(), ms, signal);
   }
 
+  /** Paced with every other wait (thousands of stops poll at once), and read once more, fresh, at the bound. */
   async #until(done: () => boolean, ms: number, signal?: AbortSignal): Promise<boolean> {
-    for await (const _ of backoff({ maxMs: 25, timeoutMs: ms, signal })) if (done()) return true;
-    return false;
+    return pacedUntil(done, ms, signal);
   }
 
   /** cgroup.freeze (Linux 5.2), then waits (bounded) for `frozen 1`: every process stopped where it was. */

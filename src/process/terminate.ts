@@ -7,6 +7,7 @@
  * by then (a non-child's exists only once its own parent reaps it, and an
  * init that reaps slowly would otherwise add its delay to every stop).
  */
+import { backend } from '../backend/index.js';
 import { AbortError, InvalidArgError, StopTimeoutError } from '../errors.js';
 import { exitStatusWithin, ProcessHandle } from './handle.js';
 import { signalNumber, UNKNOWN_EXIT } from './signals.js';
@@ -51,6 +52,24 @@ export async function endedResult(handle: ProcessHandle, wasAlive: boolean, esca
   return { outcome: wasAlive ? 'exited' : 'already-gone', escalated, code: status.code, signal: status.signal };
 }
 
+/** How long an exit a fresh read has shown is waited for, to be heard (with its status) by a busy loop. */
+const EXIT_HEARD_MS = 1000;
+
+/**
+ * Whether the process runs now, read fresh: not from the exit watch, which
+ * a busy event loop may not have heard yet. A zombie has ended (it waits
+ * only to be reaped, and no signal reaches it). What a deadline's verdict
+ * rests on: a stop that ran out of time on a starved loop must not report
+ * a process alive that has exited meanwhile.
+ */
+export function stillRuns(h: ProcessHandle): boolean {
+  if (h.hasExited) return false;
+  const st = backend.stat(h.pid);
+  // Alive (zombie or not) after the read, under the pin: the stat was this process's, not a later owner's.
+  if (!h.isAlive()) return false;
+  return st !== null && st.state !== 'Z' && st.state !== 'X';
+}
+
 /** Validates a terminate call (before any signal) and fills in the defaults. */
 export function terminateParams(handle: unknown, options: TerminateOptions, what: string) {
   if (!(handle instanceof ProcessHandle))
@@ -87,11 +106,20 @@ export async function terminate(handle: ProcessHandle, options: TerminateOptions
   };
   if (!handle.signal(termSignal)) return done('already-gone', false);
   if (await goneWithin(graceMs)) return done('exited', false);
+  // Past the grace, a process that has ended but whose exit this busy loop has not heard yet is no escalation:
+  // its exit (and status) is waited for, as a KILL's would be.
+  if (!stillRuns(handle)) {
+    await goneWithin(EXIT_HEARD_MS);
+    return done('exited', false);
+  }
 
   options.onEscalate?.({ pid: handle.pid, graceMs });
   const sent = handle.signal(killSignal);
   if (!(await goneWithin(killWaitMs))) {
-    if (!handle.isAlive()) return done(sent ? 'exited' : 'already-gone', sent);
+    if (!stillRuns(handle)) {
+      await goneWithin(EXIT_HEARD_MS);
+      return done(sent ? 'exited' : 'already-gone', sent);
+    }
     throw new StopTimeoutError(handle.pid, killWaitMs);
   }
   return done('exited', sent);
@@ -109,7 +137,7 @@ export async function forceEnd(
 ): Promise<void> {
   const killWaitMs = options.killWaitMs ?? 5000;
   handle.signal(signalNumber(options.killSignal ?? 'SIGKILL'));
-  if ((await within(handle.gone, killWaitMs)) === TIMED_OUT && handle.isAlive()) {
+  if ((await within(handle.gone, killWaitMs)) === TIMED_OUT && stillRuns(handle)) {
     throw new StopTimeoutError(handle.pid, killWaitMs);
   }
 }

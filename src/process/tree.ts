@@ -20,8 +20,8 @@ import { exitHeld, type ProcessHandle, releaseExit } from './handle.js';
 import { isMember, protectedPid, type Members } from './ownership.js';
 import { pin } from './pin.js';
 import { signalNumber } from './signals.js';
-import { backoff, sleep, TIMED_OUT, within } from '../timing.js';
-import { endedResult, terminateParams, type StopResult, type TerminateOptions } from './terminate.js';
+import { paced, sleep, TIMED_OUT, within } from '../timing.js';
+import { endedResult, stillRuns, terminateParams, type StopResult, type TerminateOptions } from './terminate.js';
 import { assertPid } from '../validate.js';
 
 /** The least a session scan is waited for (a busy table's scan takes tens of ms): a stop may run this much over its bounds per full scan. */
@@ -205,42 +205,67 @@ class MemberSet {
     let added = 0;
     for (let pass = 0; pass < 64; pass++) {
       const before = added;
-      const live = [...this.all.values()].filter((m) => !m.hasExited);
-      if (this.#session !== null && (this.#eachPass || !this.#sessionProven)) {
-        this.#sessionProven = this.#sessionHoldsNow(this.#session, live);
-      }
-      const session = this.#sessionProven ? this.#session : null;
-      const found = live.flatMap((m) => backend.children(m.pid));
-      // A member's child that leads a session of its own and is no live member (a zombie is none, but still
-      // leads). A live member's session needs no proof: everything in it descends from it, found by descent.
-      for (const pid of found) {
-        const pinned = this.all.get(pid);
-        if ((pinned && !pinned.hasExited) || this.#led.has(pid) || pid === session) continue;
-        if (backend.stat(pid)?.session !== pid) continue;
-        // Read before the proof, so that the proof covers the process the id names.
-        const id = this.#reap ? backend.pidfsIdOf(pid) : null;
-        if (ledByMember(pid, live)) this.#led.set(pid, id);
-      }
-      const led = this.#ledNow(live);
-      const members: Members = { pids: new Set(live.map((m) => m.pid)), session, ledSessions: led };
-      const scanned = new Set(led);
-      if (session !== null) scanned.add(session);
+      const { found, members, live, scanned } = this.#children();
       if (full && scanned.size > 0) {
         const scan = await within(backend.sessionMembers(scanned), scanMs, signal, true);
         if (scan !== TIMED_OUT) found.push(...scan);
       }
-      for (const pid of found) {
-        if (this.all.has(pid)) continue;
-        const h = pinMember(pid, members, this.#reap);
-        if (!h) continue;
-        if (!this.#stillProven(h, session, live)) {
-          h.close();
-          continue;
-        }
-        this.#add(h);
-        added++;
-      }
+      added += this.#admit(found, members, live);
       if (added === before) break;
+    }
+    return added;
+  }
+
+  /** grow(false), which reads only children (synchronously): for a paced check between full scans. */
+  growChildren(): number {
+    let added = 0;
+    for (let pass = 0; pass < 64; pass++) {
+      const { found, members, live } = this.#children();
+      const now = this.#admit(found, members, live);
+      if (now === 0) break;
+      added += now;
+    }
+    return added;
+  }
+
+  /** One pass's reads: the live members' children, and the sessions a full pass would scan. */
+  #children(): { found: number[]; members: Members; live: ProcessHandle[]; scanned: Set<number> } {
+    const live = [...this.all.values()].filter((m) => !m.hasExited);
+    if (this.#session !== null && (this.#eachPass || !this.#sessionProven)) {
+      this.#sessionProven = this.#sessionHoldsNow(this.#session, live);
+    }
+    const session = this.#sessionProven ? this.#session : null;
+    const found = live.flatMap((m) => backend.children(m.pid));
+    // A member's child that leads a session of its own and is no live member (a zombie is none, but still
+    // leads). A live member's session needs no proof: everything in it descends from it, found by descent.
+    for (const pid of found) {
+      const pinned = this.all.get(pid);
+      if ((pinned && !pinned.hasExited) || this.#led.has(pid) || pid === session) continue;
+      if (backend.stat(pid)?.session !== pid) continue;
+      // Read before the proof, so that the proof covers the process the id names.
+      const id = this.#reap ? backend.pidfsIdOf(pid) : null;
+      if (ledByMember(pid, live)) this.#led.set(pid, id);
+    }
+    const led = this.#ledNow(live);
+    const members: Members = { pids: new Set(live.map((m) => m.pid)), session, ledSessions: led };
+    const scanned = new Set(led);
+    if (session !== null) scanned.add(session);
+    return { found, members, live, scanned };
+  }
+
+  /** Pins and admits the found pids that are members, proven again under their pins; returns how many. */
+  #admit(found: number[], members: Members, live: ProcessHandle[]): number {
+    let added = 0;
+    for (const pid of found) {
+      if (this.all.has(pid)) continue;
+      const h = pinMember(pid, members, this.#reap);
+      if (!h) continue;
+      if (!this.#stillProven(h, members.session ?? null, live)) {
+        h.close();
+        continue;
+      }
+      this.#add(h);
+      added++;
     }
     return added;
   }
@@ -305,8 +330,41 @@ class MemberSet {
     return Promise.all([...this.all.values()].map((m) => m.gone));
   }
 
-  alive(): number[] {
-    return [...this.all.values()].filter((m) => m.isAlive()).map((m) => m.pid);
+  /** The members that run now, read fresh (stillRuns): what a deadline's verdict rests on. */
+  running(): number[] {
+    return [...this.all.values()].filter(stillRuns).map((m) => m.pid);
+  }
+
+  /**
+   * Waits until every member is gone, sending `sig` to the members found
+   * meanwhile: children on a paced check (src/timing.ts: thousands of stops
+   * share one timer's budget), the session once all are gone (a child forked
+   * just before its parent died is re-parented away, but stays in the
+   * session). true: all gone; false: some still run, read fresh, at the
+   * deadline.
+   */
+  async endWithin(
+    sig: number,
+    deadline: number,
+    scanMs: (until: number) => number,
+    abort?: AbortSignal,
+  ): Promise<boolean> {
+    const rescan = paced(() => {
+      if (this.growChildren() > 0) this.signal(sig);
+      return false;
+    });
+    try {
+      for (;;) {
+        const r = await within(Promise.race([this.allGone(), rescan.done]), Math.max(0, deadline - Date.now()), abort);
+        if (r === TIMED_OUT && this.running().length > 0) return false;
+        const added = await this.grow(true, scanMs(deadline), abort);
+        if (added > 0) this.signal(sig);
+        // Members found by the paced check since allGone() was asked for are waited for in the next round.
+        if (this.running().length === 0) return true;
+      }
+    } finally {
+      rescan.cancel();
+    }
   }
 
   /** Closes the pins this set made (never the caller's roots). */
@@ -322,11 +380,11 @@ export interface MembersResult {
 }
 
 /**
- * Ends the roots and every member that joins them: TERM to all (rescanning
- * every 50 ms for children forked meanwhile) for graceMs, then KILL to all,
- * rescanning after each KILL until a scan finds nothing new and all are
- * gone, within killWaitMs (StopTimeoutError past it). A member already gone
- * is success.
+ * Ends the roots and every member that joins them: TERM to all (children
+ * forked meanwhile are found by a paced rescan and signalled too) for
+ * graceMs, then KILL to all the same way, until a scan finds nothing new
+ * and all are gone, within killWaitMs (StopTimeoutError past it, if a fresh
+ * read still finds one running). A member already gone is success.
  */
 export async function terminateMembers(
   roots: ProcessHandle[],
@@ -353,32 +411,17 @@ export async function terminateMembers(
     await set.grow(true, SESSION_SCAN_MIN_MS, options.signal);
     set.signal(term);
     // The grace is the time after SIGTERM.
-    const deadline = Date.now() + graceMs;
     let escalated = false;
-    for (;;) {
-      const r = await within(set.allGone(), Math.min(50, Math.max(0, deadline - Date.now())), options.signal);
-      // All gone, or a tick: look for members forked meanwhile. Once all are gone, the session too: a
-      // child forked just before its parent died is re-parented away, but stays in the session.
-      const added = await set.grow(r !== TIMED_OUT, scanMs(deadline), options.signal);
-      if (r !== TIMED_OUT && added === 0) break;
-      if (added > 0) set.signal(term);
-      if (Date.now() < deadline) continue;
+    if (!(await set.endWithin(term, Date.now() + graceMs, scanMs, options.signal))) {
       options.onEscalate?.({ pid: roots[0]?.pid ?? 0, graceMs });
       escalated = true;
       const killDeadline = Date.now() + killWaitMs;
       await set.grow(true, scanMs(killDeadline), options.signal);
-      for (;;) {
-        set.signal(kill);
-        const k = await within(set.allGone(), Math.min(20, Math.max(0, killDeadline - Date.now())), options.signal);
-        const more = await set.grow(k !== TIMED_OUT, scanMs(killDeadline), options.signal);
-        if (k !== TIMED_OUT && more === 0) break;
-        if (Date.now() >= killDeadline) {
-          const [alive] = set.alive();
-          if (alive !== undefined) throw new StopTimeoutError(alive, killWaitMs);
-          break;
-        }
+      set.signal(kill);
+      if (!(await set.endWithin(kill, killDeadline, scanMs, options.signal))) {
+        const [alive] = set.running();
+        if (alive !== undefined) throw new StopTimeoutError(alive, killWaitMs);
       }
-      break;
     }
     set.reapLeaders();
     return { members: [...set.all.keys()], escalated };
@@ -468,17 +511,21 @@ export async function terminateCgroup(
   if (cg.freezeRequested()) await cg.thaw();
   let aborted: AbortError | null = null;
   for (const r of roots) r.signal(term);
-  const deadline = Date.now() + graceMs;
-  const rootsGone = () => roots.every((r) => r.hasExited || !r.isAlive());
+  // Read fresh (stillRuns), not from the exit watch a busy loop may not have heard yet.
+  const rootsGone = () => !roots.some(stillRuns);
   // A root is the instance's by its pin in any cgroup: one that moved itself out (root can) is not
   // proven gone by an empty cgroup, and is waited for, and killed, through its pin.
   const rootOutside = () => roots.some((r) => !r.hasExited && outside(r, cg));
-  const over = () => rootsGone() || (!cg.populated() && !rootOutside());
+  const rootsExit = Promise.all(roots.map((r) => r.gone));
+  // The roots' exits come as events; an emptied cgroup is polled, paced with every other stop's.
+  const emptied = paced(() => !cg.populated() && !rootOutside());
   try {
-    for await (const _ of backoff({ maxMs: 25, deadline, signal: abort })) if (over()) break;
+    await within(Promise.race([rootsExit, emptied.done]), graceMs, abort);
   } catch (err) {
     if (!(err instanceof AbortError)) throw err;
     aborted = err;
+  } finally {
+    emptied.cancel();
   }
   let escalated = false;
   let leftovers: number[] = [];
@@ -491,9 +538,8 @@ export async function terminateCgroup(
     await killAll(cg, roots, killWaitMs, options.killEach === true);
   }
   // Gone, not merely signalled: a root outside the cgroup (an adopted main that left it) is waited for too.
-  const rootsLeft = await within(Promise.all(roots.map((r) => r.gone)), killWaitMs);
-  if (rootsLeft === TIMED_OUT && !rootsGone())
-    throw new StopTimeoutError(roots.find((r) => r.isAlive())?.pid ?? 0, killWaitMs);
+  const rootsLeft = await within(rootsExit, killWaitMs);
+  if (rootsLeft === TIMED_OUT && !rootsGone()) throw new StopTimeoutError(roots.find(stillRuns)?.pid ?? 0, killWaitMs);
   reapOrphans(cg, roots);
   if (aborted) throw aborted;
   return { escalated, leftovers };

@@ -281,11 +281,24 @@ function readSessionPair(procRoot: string, name: string, out: Int32Array, filled
   }
 }
 
-/** The pids of [pid, session, ...] pairs whose session is one of `sessions`. */
-function membersIn(pairs: Int32Array, sessions: ReadonlySet<number>): number[] {
-  const out: number[] = [];
-  for (let i = 0; i + 1 < pairs.length; i += 2) if (sessions.has(pairs[i + 1] as number)) out.push(pairs[i] as number);
-  return out;
+/**
+ * [pid, session, ...] pairs as session -> pids: built once per scan, so that each of the thousands of stops
+ * sharing one scan looks up its sessions instead of reading the whole table again (O(N) each, O(N²) in all).
+ */
+function bySession(pairs: Int32Array): Map<number, number[]> {
+  const index = new Map<number, number[]>();
+  for (let i = 0; i + 1 < pairs.length; i += 2) {
+    const session = pairs[i + 1] as number;
+    const pids = index.get(session);
+    if (pids) pids.push(pairs[i] as number);
+    else index.set(session, [pairs[i] as number]);
+  }
+  return index;
+}
+
+/** The pids whose session is one of `sessions`. */
+function membersIn(index: Map<number, number[]>, sessions: ReadonlySet<number>): number[] {
+  return [...sessions].flatMap((s) => index.get(s) ?? []);
 }
 
 /** A /proc entry's name is a pid's: it starts with a digit 1-9. */
@@ -432,7 +445,7 @@ export abstract class ProcReads {
     return childrenOf(pid);
   }
 
-  readonly #sessions = new FreshScan(() => this.listSessions());
+  readonly #sessions = new FreshScan(async () => bySession(await this.listSessions()));
 
   /** [pid, session, ...] of every process; the native backend reads them on the threadpool. */
   protected listSessions(): Promise<Int32Array> {
@@ -444,7 +457,7 @@ export abstract class ProcReads {
   }
 
   sessionMembersNow(sessions: ReadonlySet<number>): number[] {
-    return membersIn(sessionPairsNow(), sessions);
+    return membersIn(bySession(sessionPairsNow()), sessions);
   }
 
   cgroupOf(pid: number): string | null {

@@ -25,6 +25,7 @@ const BENCHES = [
   './lifecycle.js',
   './scan.js',
   './recover.js',
+  './drain.js',
 ];
 
 const quick = process.argv.includes('--quick');

@@ -29,7 +29,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { buildC, formatRatio, formatTable, formatTargets, runAsScript } from './lib.js';
+import { buildC, formatRatio, formatTable, formatTargets, runAsScript, sizesOption } from './lib.js';
 import {
   cpuTicks,
   diskBase,
@@ -389,14 +389,4 @@ async function childCount() {
   return childrenOf(process.pid).length;
 }
 
-/** --sizes=a,b,...: only these N (a standalone run, to look at a few sizes). */
-function options(argv) {
-  const arg = argv.find((a) => a.startsWith('--sizes='));
-  if (!arg) return {};
-  const sizes = arg.slice('--sizes='.length).split(',').map(Number);
-  if (!sizes.every((x) => Number.isSafeInteger(x) && x >= 10))
-    throw new Error('--sizes takes integers >= 10, comma-separated');
-  return { sizes: sizes.sort((a, b) => a - b) };
-}
-
-await runAsScript(import.meta.url, { run, report, worker, holder, options });
+await runAsScript(import.meta.url, { run, report, worker, holder, options: sizesOption });

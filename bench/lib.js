@@ -125,6 +125,16 @@ export async function runAsScript(importMetaUrl, { run, report, worker, holder, 
   }
 }
 
+/** --sizes=a,b,...: only these N (a standalone run, to look at a few sizes). */
+export function sizesOption(argv) {
+  const arg = argv.find((a) => a.startsWith('--sizes='));
+  if (!arg) return {};
+  const sizes = arg.slice('--sizes='.length).split(',').map(Number);
+  if (!sizes.every((x) => Number.isSafeInteger(x) && x >= 10))
+    throw new Error('--sizes takes integers >= 10, comma-separated');
+  return { sizes: sizes.sort((a, b) => a - b) };
+}
+
 /**
  * The targets table every bench ends with. A target is { description, value,
  * op, limit, met } (ratios by default; `shown`/`shownLimit` override the

@@ -48,7 +48,17 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { countFsyncs, profileBackend } from './instrument.js';
-import { buildC, formatRatio, formatTable, formatTargets, median, runAsScript, runJson, summarize } from './lib.js';
+import {
+  buildC,
+  formatRatio,
+  formatTable,
+  formatTargets,
+  median,
+  runAsScript,
+  runJson,
+  sizesOption,
+  summarize,
+} from './lib.js';
 import {
   childrenOf,
   cpuTicks,
@@ -747,14 +757,4 @@ async function waitGone(pids, ms) {
   return pids.length - left.length;
 }
 
-/** --sizes=a,b,...: only these N (a standalone run, to look at a few sizes). */
-function options(argv) {
-  const arg = argv.find((a) => a.startsWith('--sizes='));
-  if (!arg) return {};
-  const sizes = arg.slice('--sizes='.length).split(',').map(Number);
-  if (!sizes.every((x) => Number.isSafeInteger(x) && x >= 10))
-    throw new Error('--sizes takes integers >= 10, comma-separated');
-  return { sizes: sizes.sort((a, b) => a - b) };
-}
-
-await runAsScript(import.meta.url, { run, report, worker, holder, options });
+await runAsScript(import.meta.url, { run, report, worker, holder, options: sizesOption });

@@ -203,15 +203,14 @@ class MemberSet {
    */
   async grow(full: boolean, scanMs = Number.POSITIVE_INFINITY, signal?: AbortSignal): Promise<number> {
     let added = 0;
-    for (let pass = 0; pass < 64; pass++) {
-      const before = added;
+    for (let pass = 0, now = 1; pass < 64 && now > 0; pass++) {
       const { found, members, live, scanned } = this.#children();
       if (full && scanned.size > 0) {
         const scan = await within(backend.sessionMembers(scanned), scanMs, signal, true);
         if (scan !== TIMED_OUT) found.push(...scan);
       }
-      added += this.#admit(found, members, live);
-      if (added === before) break;
+      now = this.#admit(found, members, live);
+      added += now;
     }
     return added;
   }
@@ -219,10 +218,9 @@ class MemberSet {
   /** grow(false), which reads only children (synchronously): for a paced check between full scans. */
   growChildren(): number {
     let added = 0;
-    for (let pass = 0; pass < 64; pass++) {
+    for (let pass = 0, now = 1; pass < 64 && now > 0; pass++) {
       const { found, members, live } = this.#children();
-      const now = this.#admit(found, members, live);
-      if (now === 0) break;
+      now = this.#admit(found, members, live);
       added += now;
     }
     return added;
@@ -336,12 +334,9 @@ class MemberSet {
   }
 
   /**
-   * Waits until every member is gone, sending `sig` to the members found
-   * meanwhile: children on a paced check (src/timing.ts: thousands of stops
-   * share one timer's budget), the session once all are gone (a child forked
-   * just before its parent died is re-parented away, but stays in the
-   * session). true: all gone; false: some still run, read fresh, at the
-   * deadline.
+   * Waits until every member is gone, sending `sig` to members found meanwhile: children on a paced check
+   * (thousands of stops share one timer's budget), the session once all are gone (a child forked just before
+   * its parent died is re-parented away, but stays in it). false: some still run, read fresh, at the deadline.
    */
   async endWithin(
     sig: number,
@@ -403,10 +398,8 @@ export async function terminateMembers(
   const killWaitMs = options.killWaitMs ?? 5000;
   const set = new MemberSet(roots, options);
   try {
-    // A full scan (the session) before TERM, at escalation and after each
-    // KILL; between them only children, which are cheap to list.
-    // What a session scan may take: the time left, but never less than a
-    // scan of a busy table needs, nor, before TERM, more than that.
+    // A full scan (the session) before TERM, at escalation and once all are gone; between them only children.
+    // It may take the time left, but never less than a busy table's scan needs, nor, before TERM, more.
     const scanMs = (until: number) => Math.max(SESSION_SCAN_MIN_MS, until - Date.now());
     await set.grow(true, SESSION_SCAN_MIN_MS, options.signal);
     set.signal(term);

@@ -8,7 +8,7 @@
  */
 import { channel } from 'node:diagnostics_channel';
 import { callHook } from './lifecycle/hooks.js';
-import type { ExitStatus, OutputTails, ProcessIdentity, StopResult } from './types.js';
+import type { ExitResult, ExitStatus, InstanceStopResult, OutputTails, ProcessIdentity } from './types.js';
 
 /** What every event carries. */
 interface EventBase<T extends string> {
@@ -66,9 +66,12 @@ export interface RetryEvent extends WholeInstanceEvent<'retry'> {
 /** A process outlived its grace after SIGTERM: SIGKILL follows. */
 export type EscalateEvent = InstanceEvent<'escalate'>;
 /** stop() ended the instance; its state is gone. */
-export interface StopEvent extends InstanceEvent<'stop'>, StopResult {}
+export interface StopEvent extends InstanceEvent<'stop'>, InstanceStopResult {}
 /** The main process exited on its own; the tails are of its instance logs (none with `logs: false`). */
-export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus, OutputTails {}
+export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus, OutputTails {
+  /** Why it ended (systemd's Result=): see ExitResult. */
+  result: ExitResult;
+}
 /** Something worth an operator's look; custody carried on. */
 export interface WarningEvent extends EventBase<'warning'> {
   id?: string;

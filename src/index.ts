@@ -39,7 +39,10 @@ export type { CustodyErrorCode } from './errors.js';
 export type {
   Capabilities,
   CgroupCapabilities,
+  ExitResult,
   ExitStatus,
+  InstanceStopResult,
+  LastExit,
   OutputTails,
   ProcessIdentity,
   Verdict,

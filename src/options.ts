@@ -9,10 +9,10 @@ import type { EventSink } from './events.js';
 import type { Instance } from './lifecycle/launch.js';
 import { type CgroupOptions, CgroupRoot } from './process/cgroup.js';
 import { type SweepOptions, validateSweep } from './process/sweep.js';
-import type { ExitStatus } from './types.js';
+import type { LastExit } from './types.js';
 import { assertDuration, assertFlag, assertKnownKeys } from './validate.js';
 
-export type { StopResult } from './types.js';
+export type { InstanceStopResult, StopResult } from './types.js';
 
 export type InstanceStatus = 'starting' | 'running' | 'exited' | 'stopping' | 'quarantined' | 'deferred';
 
@@ -25,7 +25,8 @@ export interface InstanceSummary {
   ppid: number | null;
   reason?: string;
   field?: string;
-  exit?: ExitStatus;
+  /** An exited instance's end, and why (systemd's Result=). */
+  exit?: LastExit;
   /** The instance's cgroup (absolute path), where it has one. */
   cgroup?: string | null;
 }

@@ -15,7 +15,7 @@ import type { Instance, LaunchSpec } from './lifecycle/launch.js';
 import type { NotifyChannel } from './lifecycle/notify.js';
 import { recover, type RecoveryReport } from './recovery/recover.js';
 import { DeferredRetry } from './recovery/retry.js';
-import type { InstanceSummary, InstanceStatus, StopOptions, StopResult, SupervisorOptions } from './options.js';
+import type { InstanceStopResult, InstanceSummary, InstanceStatus, StopOptions, SupervisorOptions } from './options.js';
 import { holdsLoop, validateStopOptions, validateSupervisorOptions } from './options.js';
 import { assertEntryName, assertId, type Manifest } from './state/manifest.js';
 import { StateStore } from './state/store.js';
@@ -46,6 +46,7 @@ export type {
   InstanceStatus,
   InstanceSummary,
   StopOptions,
+  InstanceStopResult,
   StopResult,
   SupervisorOptions,
 } from './options.js';
@@ -284,7 +285,7 @@ export class Supervisor {
    * the grace, `populated 0`, the cgroup removed, then the state. A stop
    * that failed halfway left it `stopping`: this one finishes it.
    */
-  async stop(id: string, options: StopOptions = {}): Promise<StopResult> {
+  async stop(id: string, options: StopOptions = {}): Promise<InstanceStopResult> {
     this.#assertOpen();
     assertId(id);
     validateStopOptions(options);

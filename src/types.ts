@@ -48,6 +48,21 @@ export interface ProcessIdentity {
 export interface ExitStatus {
   code: number | null;
   signal: NodeJS.Signals | null;
+  /** Present (true) where the kernel said the signal wrote a core (CLD_DUMPED); native backend only. */
+  coreDumped?: true;
+}
+
+/**
+ * Why an instance ended, as systemd's `Result=` says it: `success` (exit 0), `exit-code` (another code),
+ * `signal` (killed by a signal), `core-dump` (killed, and the kernel wrote a core), `oom-kill` (killed, and the
+ * instance cgroup's memory.events counted an OOM kill), `stopped` (stop() ended it), `unknown` (the status
+ * cannot be known: a non-child whose parent did not reap it within 1 s, or a kernel without PIDFD_INFO_EXIT).
+ */
+export type ExitResult = 'success' | 'exit-code' | 'signal' | 'core-dump' | 'oom-kill' | 'stopped' | 'unknown';
+
+/** An instance's last end: its status and why it ended. */
+export interface LastExit extends ExitStatus {
+  result: ExitResult;
 }
 
 /**
@@ -67,6 +82,11 @@ export interface StopResult {
   escalated: boolean;
   code: number | null;
   signal: NodeJS.Signals | null;
+}
+
+/** What Supervisor.stop() resolves with: how the stop went, and why the instance ended (`stopped`, or its own end). */
+export interface InstanceStopResult extends StopResult {
+  result: ExitResult;
 }
 
 export type Verdict = 'ok' | 'gone' | 'rebooted' | 'unprovable' | 'unrecorded' | 'reused' | 'mismatch';
@@ -99,6 +119,11 @@ export interface Capabilities {
   spawnWithPidfd: boolean;
   /** ready: 'notify' (systemd's sd_notify) works: a datagram socket with its senders' credentials (native backend). */
   notify: boolean;
+  /**
+   * An end by a signal that wrote a core is told apart (`result: 'core-dump'`): the native backend reads the
+   * kernel's CLD_DUMPED; the js backend (child_process reports the signal alone) says `signal`.
+   */
+  coreDump: boolean;
   /**
    * Each notification carries a pidfd on its sender (SO_PASSPIDFD, Linux 6.5), so a sender that exited, and
    * whose pid was reused, before custody read its message is never mistaken for the new owner of the pid.

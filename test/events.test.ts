@@ -58,6 +58,7 @@ describe('events', () => {
       escalated: false,
       code: 0,
       signal: null,
+      result: 'stopped',
       message: 'stopped',
     } as const;
     emitter(() => {
@@ -82,8 +83,8 @@ const REQUIRED: { [T in CustodyEventType]: Array<keyof CustodyEventOf<T>> } = {
   abandon: ['id', 'attempt', 'pids', 'error'],
   retry: ['id', 'attempt'],
   escalate: ['id', 'pid'],
-  stop: ['id', 'pid', 'outcome', 'escalated', 'code', 'signal'],
-  exit: ['id', 'pid', 'code', 'signal'],
+  stop: ['id', 'pid', 'outcome', 'escalated', 'code', 'signal', 'result'],
+  exit: ['id', 'pid', 'code', 'signal', 'result'],
   warning: [],
   adopt: ['id', 'pid'],
   repair: ['id', 'pid', 'field'],
@@ -135,8 +136,17 @@ describe('event types', () => {
       }
     };
     const emit = emitter(look);
-    emit('stop', { id: 'a', pid: 2, outcome: 'already-gone', escalated: false, code: null, signal: null, message: '' });
-    emit('exit', { id: 'a', pid: 2, code: 3, signal: null, message: '' });
+    emit('stop', {
+      id: 'a',
+      pid: 2,
+      outcome: 'already-gone',
+      escalated: false,
+      code: null,
+      signal: null,
+      result: 'unknown',
+      message: '',
+    });
+    emit('exit', { id: 'a', pid: 2, code: 3, signal: null, result: 'exit-code', message: '' });
     emit('sweep', { argv: ['x'], dryRun: true, matched: [7], terminated: [], killed: [], survivors: [], message: '' });
     emit('launch', { id: 'a', attempt: 1, token: 'ab', message: '' });
     emit('warning', { message: 'careful' });

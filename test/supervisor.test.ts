@@ -38,7 +38,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     expect(verify(m.identity)).toEqual({ verdict: 'ok' });
     expect(ctx.supervisor.list()).toEqual([{ id: 'vm-1', status: 'running', pid: inst.pid, ppid: process.pid }]);
     const r = await ctx.supervisor.stop('vm-1', { graceMs: 5000 });
-    expect(r).toEqual({ outcome: 'exited', escalated: false, code: 0, signal: null });
+    expect(r).toEqual({ outcome: 'exited', escalated: false, code: 0, signal: null, result: 'stopped' });
     expect(existsSync(join(ctx.stateDir, 'vm-1'))).toBe(false);
     expect(existsSync(socket)).toBe(false);
     expect(ctx.supervisor.list()).toEqual([]);
@@ -171,7 +171,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     const started = Date.now();
     // Long enough for python to log the SIGTERM it ignores on a loaded machine.
     const r = await ctx.supervisor.stop('stubborn', { graceMs: 1000 });
-    expect(r).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' });
+    expect(r).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL', result: 'stopped' });
     expect(Date.now() - started).toBeLessThan(5000);
     expect(loggedSignals(log)).toEqual(['SIGTERM']);
     expect(ctx.events.find((e) => e.type === 'escalate')).toMatchObject({ id: 'stubborn' });
@@ -196,7 +196,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
       ctx.supervisor.launch({ id: 'slow', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } }),
     ).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY', message: expect.stringMatching(/stopping/) });
     const [a, b] = await Promise.all([first, second]);
-    expect(a).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' });
+    expect(a).toEqual({ outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL', result: 'stopped' });
     expect(b).toEqual(a);
     expect(ctx.supervisor.list()).toEqual([]);
     expect(ctx.supervisor.get('slow')).toBeUndefined();
@@ -237,7 +237,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     });
     // The hook only asks; custody waits for the exit it asked for instead of
     // sending SIGTERM mid-shutdown.
-    expect(r).toEqual({ outcome: 'exited', escalated: false, code: 0, signal: null });
+    expect(r).toEqual({ outcome: 'exited', escalated: false, code: 0, signal: null, result: 'stopped' });
   });
 
   it('reports a nonexistent executable clearly and leaves no state and no process', async () => {

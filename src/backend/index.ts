@@ -33,6 +33,7 @@ function baseCaps(): Omit<Capabilities, 'backend' | 'probe'> {
     spawnWithPidfd: false,
     notify: false,
     notifyPidfd: false,
+    coreDump: false,
   };
 }
 
@@ -72,6 +73,7 @@ function nativeCaps(addon: NativeAddon): Capabilities | { error: string } {
     spawnWithPidfd: true,
     notify: true,
     notifyPidfd: soPassPidfd === '',
+    coreDump: true,
     probe: { ...calls, soPassPidfd },
   };
 }

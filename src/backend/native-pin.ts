@@ -14,6 +14,7 @@ import type { PidRef } from './types.js';
 
 // siginfo si_code values for a child's end (CLD_*).
 const CLD_EXITED = 1;
+const CLD_DUMPED = 3;
 
 export type Origin = 'spawned' | 'adopted' | 'other';
 
@@ -54,9 +55,13 @@ const EXIT_INFO_WAIT_MS = 1000;
 /** The longest a held zombie (holdExit) waits for releaseExit() before it is reaped anyway. */
 const HOLD_EXIT_MAX_MS = 2000;
 
-/** The status a waitid() siginfo describes (si_code, si_status): its code for a normal exit, else the signal. */
+/**
+ * The status a waitid() siginfo describes (si_code, si_status): its code for a normal exit, else the signal,
+ * with the core the kernel wrote for it (CLD_DUMPED; a wait status's WCOREDUMP bit).
+ */
 function fromSiginfo(code: number, status: number): ExitStatus {
-  return code === CLD_EXITED ? { code: status, signal: null } : decodeWaitStatus(status & 0x7f);
+  if (code === CLD_EXITED) return { code: status, signal: null };
+  return decodeWaitStatus((status & 0x7f) | (code === CLD_DUMPED ? 0x80 : 0));
 }
 
 /**

@@ -250,6 +250,7 @@ async function run(
       identity: confirmedIdentity(a),
       exited: confirmedTarget(a).exited,
       cgroup: cgroup?.path ?? null,
+      lastExit: null,
     };
     if (spec.ready) {
       const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;

@@ -9,7 +9,7 @@
  */
 import { holdsLoop } from '../options.js';
 import { awaitedExit } from '../process/awaited.js';
-import { describeExit } from '../process/exit.js';
+import { describeExit, resultOf } from '../process/exit.js';
 import { holdExit, type ProcessHandle, releaseExit } from '../process/handle.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
@@ -45,6 +45,7 @@ export function track(
     identity,
     exited: awaitedExit(handle),
     cgroup: cgroup?.path ?? null,
+    lastExit: null,
   };
   const running: Running = {
     status: 'running',
@@ -119,19 +120,34 @@ function onExit(host: LifecycleHost, instance: Instance, status: ExitStatus): vo
     cleanup: Promise.resolve(),
   };
   host.table.move(id, exited);
+  // Read before the cleanup removes the cgroup: an OOM kill is counted there, not in the status.
+  const result = resultOf(status, oomKillsOf(host, id, cgroup));
+  instance.lastExit = { ...status, result };
   exited.cleanup = cleanUpAfter(host, exited, t.leftovers ?? []);
   host.emit('exit', {
     id,
     pid: handle.pid,
     code: status.code,
     signal: status.signal,
+    result,
     ...outputTails(t.logFiles),
-    message: `exited on its own (${describeExit(status)})`,
+    message: `exited on its own (${describeExit(status)}; ${result})`,
   });
   // Proven gone (its pidfd said so): stale sockets and state go with it,
   // and, as systemd does when a service's main process exits, whatever it
   // left in its cgroup (the cgroup first: the state goes only once it is empty).
   removeDeclaredPaths(paths, host.emit, id);
+}
+
+/** The OOM kills its cgroup counted; a cgroup that cannot be read is a warning and counts none. */
+function oomKillsOf(host: LifecycleHost, id: string, cgroup: InstanceCgroup | null): number {
+  if (!cgroup) return 0;
+  try {
+    return cgroup.oomKills();
+  } catch (err) {
+    host.emit('warning', { id, message: `could not read ${id}'s memory.events: ${(err as Error).message}` });
+    return 0;
+  }
 }
 
 /** What it last wrote, as a failed launch's error carries it: read as it exits, before a next launch rotates the logs. */

@@ -18,8 +18,9 @@
  * not the manifest (it is on disk): a supervisor may hold thousands.
  */
 import type { InstanceCgroup } from '../process/cgroup.js';
+import { resultOf } from '../process/exit.js';
 import type { ProcessHandle } from '../process/handle.js';
-import type { InstanceStatus, InstanceSummary, StopResult } from '../options.js';
+import type { InstanceStatus, InstanceStopResult, InstanceSummary } from '../options.js';
 import { IncompleteInstanceError, type Manifest, type StoppingManifest } from '../state/manifest.js';
 import type { LogFiles } from '../state/logs.js';
 import type { StateStore } from '../state/store.js';
@@ -70,7 +71,7 @@ export interface Stopping {
   /** The `stopping` manifest is written: from here on the stop is finished, never undone. */
   persisted: boolean;
   /** The stop in flight; null once one failed, until the next stop() resumes it. */
-  done: Promise<StopResult> | null;
+  done: Promise<InstanceStopResult> | null;
   /** The last stop failed halfway: list() says `stopping`, where a first stop in flight shows what it stops. */
   failed: Error | null;
   /**
@@ -259,7 +260,7 @@ export function describeTracked(
   const ppid =
     p.status === 'running' && !handle.hasExited ? liveParent(handle.pid, instance.identity.startTicks) : null;
   const out: InstanceSummary = { id, status, pid: handle.pid, ppid };
-  if (p.status === 'exited') out.exit = p.exit;
+  if (p.status === 'exited') out.exit = p.instance.lastExit ?? { ...p.exit, result: resultOf(p.exit) };
   if (p.cgroup) out.cgroup = p.cgroup.path;
   return out;
 }

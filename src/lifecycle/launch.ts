@@ -23,7 +23,7 @@ import type { NotifyChannel } from './notify.js';
 import { TOKEN_VAR, type Claim, type DevIno, type TokenMode } from '../process/ownership.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
-import type { ExitStatus, ProcessIdentity } from '../types.js';
+import type { ExitStatus, LastExit, ProcessIdentity } from '../types.js';
 import { describe, pidMax } from '../validate.js';
 
 export interface Instance {
@@ -41,6 +41,8 @@ export interface Instance {
    * function's target created elsewhere).
    */
   cgroup: string | null;
+  /** Its last end and why (systemd's Result=), once it has ended (on its own, or by stop()); null before. */
+  lastExit: LastExit | null;
 }
 
 export interface SocketReady {

@@ -19,10 +19,12 @@ import { open, type ProcessHandle, releaseExit } from '../process/handle.js';
 import { isNoProcess } from '../process/identity.js';
 import { isMember } from '../process/ownership.js';
 import { orphansInSession } from '../process/reaper.js';
+import { resultOf } from '../process/exit.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
 import { endedResult, forceEnd, terminate } from '../process/terminate.js';
 import { terminateCgroup, terminateMembers, terminateTree } from '../process/tree.js';
-import type { StopOptions, StopResult } from '../options.js';
+import type { InstanceStopResult, StopOptions, StopResult } from '../options.js';
+import type { LastExit } from '../types.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import { TIMED_OUT, within } from '../timing.js';
 import { callHook } from './hooks.js';
@@ -36,7 +38,7 @@ export async function stopInstance(
   host: LifecycleHost,
   t: Running | Exited | Stopping,
   options: StopRequest,
-): Promise<StopResult> {
+): Promise<InstanceStopResult> {
   const { id } = (t.status === 'stopping' ? t.from : t).instance;
   const s: Stopping =
     t.status === 'stopping'
@@ -63,7 +65,7 @@ export async function stopInstance(
   }
 }
 
-async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Promise<StopResult> {
+async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Promise<InstanceStopResult> {
   const t = s.from;
   const h = t.handle;
   if (options.signal?.aborted) throw new AbortError(options.signal.reason);
@@ -91,8 +93,7 @@ async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Prom
   if (t.cgroup) await removeCgroup(t.cgroup, host.emit, t.instance.id);
   await removeState(host, t.instance.id);
   const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
-  stopped(host, s, result, `stopped (${how}); state removed`);
-  return result;
+  return stopped(host, s, result, `stopped (${how}); state removed`);
 }
 
 /**
@@ -286,10 +287,24 @@ function orphansOf(host: LifecycleHost, t: Pinned): ProcessHandle[] {
   return host.subreaper && session ? orphansInSession(session) : [];
 }
 
-/** Proven gone: the pins, the declared paths, the entry go; the stop event says how. */
-function stopped(host: LifecycleHost, s: Stopping, result: StopResult, message: string): void {
+/**
+ * Why it ended: its own end where it had ended before this stop (exited on its own, its exit seen), else
+ * `stopped`; an `already-gone` main whose exit was not seen yet, by its status.
+ */
+function endOf(s: Stopping, r: StopResult): LastExit {
+  const own = s.from.instance.lastExit;
+  if (s.from.status === 'exited' && own) return own;
+  const status = { code: r.code, signal: r.signal };
+  return { ...status, result: r.outcome === 'already-gone' ? resultOf(status) : 'stopped' };
+}
+
+/** Proven gone: the pins, the declared paths, the entry go; the stop event says how and why it ended. */
+function stopped(host: LifecycleHost, s: Stopping, r: StopResult, message: string): InstanceStopResult {
   const t = s.from;
   const { id } = t.instance;
+  const end = endOf(s, r);
+  t.instance.lastExit = end;
+  const result: InstanceStopResult = { ...r, result: end.result };
   host.reap();
   t.handle.close();
   releaseMembers(s);
@@ -297,6 +312,7 @@ function stopped(host: LifecycleHost, s: Stopping, result: StopResult, message: 
   removeDeclaredPaths(t.paths, host.emit, id);
   host.table.moveFrom(id, s, undefined);
   host.emit('stop', { id, pid: t.handle.pid, ...result, message });
+  return result;
 }
 
 /**

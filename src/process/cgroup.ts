@@ -89,6 +89,24 @@ function writeFile(file: string, text: string): void {
 }
 
 /** `key value` lines (cgroup.events, cpu.stat) as a map. */
+/**
+ * The OOM kills a cgroup's memory.events counted (`oom_kill` + `oom_group_kill`; in it and below it). 0
+ * where there is no memory.events: the memory controller is not enabled for it (as on a host whose cgroup
+ * v2 has none), or it is gone. An instance cgroup is made for one launch, so every kill it counts is the
+ * instance's.
+ */
+export function oomKillsIn(dir: string): number {
+  let text: string;
+  try {
+    text = readFileSync(path.join(dir, 'memory.events'), 'latin1');
+  } catch (err) {
+    if (code(err) === 'ENOENT' || code(err) === 'ENODEV') return 0;
+    throw err;
+  }
+  const events = parseKeyed(text);
+  return (events.get('oom_kill') ?? 0) + (events.get('oom_group_kill') ?? 0);
+}
+
 export function parseKeyed(text: string): Map<string, number> {
   const out = new Map<string, number>();
   for (const line of text.split('\n')) {
@@ -198,6 +216,11 @@ export class InstanceCgroup {
       if (code(err) === 'ENOENT' || code(err) === 'ENODEV') return false;
       throw err;
     }
+  }
+
+  /** OOM kills counted in it (oomKillsIn): read once its main process ended, before it is removed. */
+  oomKills(): number {
+    return oomKillsIn(this.path);
   }
 
   /** Whether cgroup.events says frozen. */

@@ -22,11 +22,12 @@ export function signalName(num: number): NodeJS.Signals | null {
   return byNumber.get(num) ?? null;
 }
 
-/** Decodes a raw wait status (as waitpid or PIDFD_INFO_EXIT give it). */
+/** Decodes a raw wait status (as waitpid or PIDFD_INFO_EXIT give it); bit 0x80 is WCOREDUMP. */
 export function decodeWaitStatus(status: number): ExitStatus {
   const termsig = status & 0x7f;
   if (termsig === 0) return { code: (status >> 8) & 0xff, signal: null };
-  return { code: null, signal: signalName(termsig) ?? (`SIG${termsig}` as NodeJS.Signals) };
+  const signal = signalName(termsig) ?? (`SIG${termsig}` as NodeJS.Signals);
+  return status & 0x80 ? { code: null, signal, coreDumped: true } : { code: null, signal };
 }
 
 export const UNKNOWN_EXIT: ExitStatus = Object.freeze({ code: null, signal: null }) as ExitStatus;

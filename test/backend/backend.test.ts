@@ -55,6 +55,7 @@ describe(`backend selection (${backend.name})`, () => {
         raceFreeIdentity: true,
         spawnWithPidfd: true,
         proc: true,
+        coreDump: true,
       });
       expect(caps.reason).toBeUndefined();
     } else {
@@ -63,6 +64,7 @@ describe(`backend selection (${backend.name})`, () => {
         pidfsId: false,
         raceFreeSignals: false,
         exitInfoOfNonChildren: false,
+        coreDump: false,
       });
       expect(caps.reason).toMatch(/CUSTODY_BACKEND=js/);
     }

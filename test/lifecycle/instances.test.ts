@@ -23,6 +23,7 @@ const instance = {
   identity: { pid: 4242 } as Running['instance']['identity'],
   exited: new Promise<never>(() => {}),
   cgroup: null,
+  lastExit: null,
 };
 const pinned = { instance, handle, cgroup: null, session: null, paths: [] };
 const running: Running = { status: 'running', ...pinned, logFiles: null };

@@ -193,7 +193,7 @@ time.sleep(300)
     try {
       // tree: false: the launcher that stays is a member of the instance, and this is about the target alone.
       const r = await ctx.supervisor.stop('orphan', { graceMs: 5000, tree: false });
-      expect(r).toEqual({ outcome: 'exited', escalated: false, code: null, signal: null });
+      expect(r).toEqual({ outcome: 'exited', escalated: false, code: null, signal: null, result: 'stopped' });
       // Still unreaped: stop did not wait for what only the reaping gives.
       expect(procStat(inst.pid)?.[0]).toBe('Z');
       // On the native backend the exit watcher would wait up to a second for

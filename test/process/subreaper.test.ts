@@ -29,7 +29,7 @@ describe(`subreaper (${backend.name})`, () => {
         await waitFor(() => procStat(inst.pid)?.[1] === String(process.pid), 5000, 're-parenting');
         expect(Number(readFileSync(pidfile, 'utf8'))).toBe(inst.pid);
         const r = await ctx.supervisor.stop('daemon', { graceMs: 2000 });
-        expect(r).toEqual({ outcome: 'exited', escalated: false, code: null, signal: 'SIGTERM' });
+        expect(r).toEqual({ outcome: 'exited', escalated: false, code: null, signal: 'SIGTERM', result: 'stopped' });
         // Reaped: no zombie child left.
         await waitFor(
           () => isGone(inst.pid) && !descendantsOf(process.pid).some((p) => p.pid === inst.pid),

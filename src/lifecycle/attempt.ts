@@ -10,6 +10,7 @@ import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
 import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
+import { guardCgroup } from '../process/cgroup-guard.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
 import { executableId, type ProcessHandle } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
@@ -41,7 +42,8 @@ import {
 import { openNotify } from './notify-launch.js';
 import { waitReady } from './ready.js';
 import { settle } from './settle.js';
-import { removeState } from './stop.js';
+import { removeState, stopInstance } from './stop.js';
+import { watchHealth } from './health.js';
 
 /** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */
 export async function launchInstance(host: LifecycleHost, spec: LaunchSpec): Promise<Instance> {
@@ -284,6 +286,14 @@ async function run(
       if (a.cgroup && !cgroup) removeLauncherCgroup(host, spec.id, child, a.cgroup);
     }
     const tracked = track(host, running, target, cgroup);
+    const live = host.table.get(spec.id);
+    if (spec.health && live?.status === 'running') {
+      watchHealth(host, live, spec.health, async (t, graceMs) => {
+        // As stop() refuses: a cgroup whose path became unsafe is no longer one to act through.
+        if (t.cgroup) guardCgroup(t.cgroup);
+        return stopInstance(host, t, { graceMs, why: 'health' });
+      });
+    }
     const notify = a.notify;
     if (notify) {
       // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.

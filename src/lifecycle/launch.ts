@@ -45,6 +45,20 @@ export interface Instance {
   lastExit: LastExit | null;
 }
 
+/** A liveness probe after readiness (src/lifecycle/health.ts). */
+export interface HealthSpec {
+  /** Resolves (sync or async) when the instance is healthy; a throw, a rejection or a timeout is a failure. */
+  probe: (instance: Instance, signal: AbortSignal) => unknown;
+  /** The time from one probe's end to the next one's start. */
+  intervalMs: number;
+  /** How long one probe may take before it counts as failed (its signal is aborted). Default intervalMs, at most 30 000. */
+  timeoutMs?: number;
+  /** Failed probes in a row that end the instance. Default 3. */
+  failures?: number;
+  /** The stop's grace after SIGTERM, when the probes end it. Default 10 000. */
+  graceMs?: number;
+}
+
 export interface SocketReady {
   /** A unix socket the process listens on. A connect proves "bound", not "serving": give a probe to make it exact. */
   socket: string;
@@ -88,6 +102,8 @@ export interface LaunchSpec {
    */
   executable?: string;
   ready?: ReadySpec;
+  /** A liveness probe once it is ready: `failures` failed probes in a row end it (stop result `health`). */
+  health?: HealthSpec;
   /**
    * Where the pid comes from: the child (default), a pidfile, or a function.
    * With a pidfile custody follows systemd's Type=forking: it waits (within

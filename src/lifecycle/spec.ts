@@ -17,6 +17,7 @@ import {
   assertString,
   assertStringArray,
 } from '../validate.js';
+import { validateHealth } from './health.js';
 import type { LaunchSpec, SocketReady } from './launch.js';
 
 const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
@@ -27,6 +28,7 @@ const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
   token: true,
   executable: true,
   ready: true,
+  health: true,
   pid: true,
   launcherExits: true,
   paths: true,
@@ -128,6 +130,7 @@ export function validateSpec(spec: LaunchSpec): void {
       }
     }
   }
+  validateHealth(spec.health);
   assertLogOptions(spec.logs);
   if (spec.confirmTimeoutMs !== undefined) assertDuration(spec.confirmTimeoutMs, 'confirmTimeoutMs');
   if (spec.abandonGraceMs !== undefined) assertDuration(spec.abandonGraceMs, 'abandonGraceMs');

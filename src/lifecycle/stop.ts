@@ -24,14 +24,15 @@ import { UNKNOWN_EXIT } from '../process/signals.js';
 import { endedResult, forceEnd, terminate } from '../process/terminate.js';
 import { terminateCgroup, terminateMembers, terminateTree } from '../process/tree.js';
 import type { InstanceStopResult, StopOptions, StopResult } from '../options.js';
-import type { LastExit } from '../types.js';
+import type { ExitResult, LastExit } from '../types.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import { TIMED_OUT, within } from '../timing.js';
 import { callHook } from './hooks.js';
 import type { LifecycleHost } from './host.js';
 import { persistStopping, type Exited, type Pinned, type Running, type Stopping } from './instances.js';
 
-export type StopRequest = StopOptions & { graceMs: number };
+/** A stop as the lifecycle makes it: the caller's options, the grace settled, and (custody's own stops) why. */
+export type StopRequest = StopOptions & { graceMs: number; why?: ExitResult };
 
 /** Begins a stop of a running or exited instance, or resumes one that failed; resolves once it is proven gone. */
 export async function stopInstance(
@@ -93,7 +94,8 @@ async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Prom
   if (t.cgroup) await removeCgroup(t.cgroup, host.emit, t.instance.id);
   await removeState(host, t.instance.id);
   const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
-  return stopped(host, s, result, `stopped (${how}); state removed`);
+  const why = options.why ? ` for ${options.why}` : '';
+  return stopped(host, s, result, `stopped${why} (${how}); state removed`, options.why);
 }
 
 /**
@@ -289,20 +291,27 @@ function orphansOf(host: LifecycleHost, t: Pinned): ProcessHandle[] {
 
 /**
  * Why it ended: its own end where it had ended before this stop (exited on its own, its exit seen), else
- * `stopped`; an `already-gone` main whose exit was not seen yet, by its status.
+ * `stopped` (or the reason custody stopped it: `health`); an `already-gone` main whose exit was not seen
+ * yet, by its status.
  */
-function endOf(s: Stopping, r: StopResult): LastExit {
+function endOf(s: Stopping, r: StopResult, why: ExitResult): LastExit {
   const own = s.from.instance.lastExit;
   if (s.from.status === 'exited' && own) return own;
   const status = { code: r.code, signal: r.signal };
-  return { ...status, result: r.outcome === 'already-gone' ? resultOf(status) : 'stopped' };
+  return { ...status, result: r.outcome === 'already-gone' ? resultOf(status) : why };
 }
 
 /** Proven gone: the pins, the declared paths, the entry go; the stop event says how and why it ended. */
-function stopped(host: LifecycleHost, s: Stopping, r: StopResult, message: string): InstanceStopResult {
+function stopped(
+  host: LifecycleHost,
+  s: Stopping,
+  r: StopResult,
+  message: string,
+  why: ExitResult = 'stopped',
+): InstanceStopResult {
   const t = s.from;
   const { id } = t.instance;
-  const end = endOf(s, r);
+  const end = endOf(s, r, why);
   t.instance.lastExit = end;
   const result: InstanceStopResult = { ...r, result: end.result };
   host.reap();

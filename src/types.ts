@@ -56,7 +56,8 @@ export interface ExitStatus {
  * Why an instance ended, as systemd's `Result=` says it: `success` (exit 0), `exit-code` (another code),
  * `signal` (killed by a signal), `core-dump` (killed, and the kernel wrote a core), `oom-kill` (killed, and the
  * instance cgroup's memory.events counted an OOM kill), `health` (its health probe failed `failures` times in
- * a row and custody stopped it), `stopped` (stop() ended it), `unknown` (the status
+ * a row and custody stopped it), `watchdog` (no WATCHDOG=1 within watchdogMs, or WATCHDOG=trigger), `stopped`
+ * (stop() ended it), `unknown` (the status
  * cannot be known: a non-child whose parent did not reap it within 1 s, or a kernel without PIDFD_INFO_EXIT).
  */
 export type ExitResult =
@@ -66,6 +67,7 @@ export type ExitResult =
   | 'core-dump'
   | 'oom-kill'
   | 'health'
+  | 'watchdog'
   | 'stopped'
   | 'unknown';
 

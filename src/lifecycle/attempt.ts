@@ -44,6 +44,7 @@ import { waitReady } from './ready.js';
 import { settle } from './settle.js';
 import { removeState, stopInstance } from './stop.js';
 import { watchHealth } from './health.js';
+import { watchWatchdog } from './watchdog.js';
 
 /** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */
 export async function launchInstance(host: LifecycleHost, spec: LaunchSpec): Promise<Instance> {
@@ -300,6 +301,11 @@ async function run(
       notify.keep();
       host.notifiers.add(notify);
       void target.gone.then(() => host.notifiers.delete(notify));
+      if (spec.watchdogMs !== undefined && live?.status === 'running') {
+        watchWatchdog(host, live, notify, spec.watchdogMs, (t) =>
+          stopInstance(host, t, { graceMs: 1000, why: 'watchdog' }),
+        );
+      }
     }
     // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.
     host.reap();

@@ -121,7 +121,7 @@ function onExit(host: LifecycleHost, instance: Instance, status: ExitStatus): vo
   };
   host.table.move(id, exited);
   // Read before the cleanup removes the cgroup: an OOM kill is counted there, not in the status.
-  const result = resultOf(status, oomKillsOf(host, id, cgroup));
+  const result = t.endedBy ?? resultOf(status, oomKillsOf(host, id, cgroup));
   instance.lastExit = { ...status, result };
   exited.cleanup = cleanUpAfter(host, exited, t.leftovers ?? []);
   host.emit('exit', {

@@ -24,7 +24,7 @@ import type { InstanceStatus, InstanceStopResult, InstanceSummary } from '../opt
 import { IncompleteInstanceError, type Manifest, type StoppingManifest } from '../state/manifest.js';
 import type { LogFiles } from '../state/logs.js';
 import type { StateStore } from '../state/store.js';
-import type { ExitStatus } from '../types.js';
+import type { ExitResult, ExitStatus } from '../types.js';
 import type { Instance } from './launch.js';
 
 /** A process custody pinned, confirmed and recorded. */
@@ -50,6 +50,8 @@ export interface Running extends Pinned {
   leftovers?: ProcessHandle[];
   /** Its instance logs, whose tails its exit event carries; null where its output was not logged. */
   logFiles: LogFiles | null;
+  /** Custody told it to end (the watchdog's SIGABRT): its exit then says this, whatever its status. */
+  endedBy?: ExitResult;
 }
 
 /** Its main process exited on its own; what it left (its cgroup's leftovers, its state) is being cleaned up. */

@@ -105,6 +105,12 @@ export interface LaunchSpec {
   /** A liveness probe once it is ready: `failures` failed probes in a row end it (stop result `health`). */
   health?: HealthSpec;
   /**
+   * With ready: 'notify': the instance must send WATCHDOG=1 at least this often once ready (WATCHDOG_USEC is
+   * set for it); a miss, or WATCHDOG=trigger, is SIGABRT to the main process, and the stop path after as long
+   * again. Its end says `result: 'watchdog'`.
+   */
+  watchdogMs?: number;
+  /**
    * Where the pid comes from: the child (default), a pidfile, or a function.
    * With a pidfile custody follows systemd's Type=forking: it waits (within
    * the confirm deadline) for the launcher to exit, then reads the pidfile;
@@ -234,13 +240,17 @@ export interface Attempt {
  * undefined when nothing is added: the child then takes the spec's env as given.
  */
 type Env = Record<string, string | undefined>;
-export function childEnv(a: Attempt, env: Env | undefined): Env | undefined {
+export function childEnv(a: Attempt, env: Env | undefined, watchdogMs?: number): Env | undefined {
   if (a.tokenMode !== 'env' && !a.notify) return env;
   const out: Env = {};
   if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
   Object.assign(out, env ?? process.env);
   if (a.tokenMode === 'env') out[TOKEN_VAR] = a.token;
   if (a.notify) out.NOTIFY_SOCKET = a.notify.address;
+  // Only for this process: an inherited watchdog (the agent's own, under systemd) is not the instance's.
+  delete out.WATCHDOG_USEC;
+  delete out.WATCHDOG_PID;
+  if (a.notify && watchdogMs !== undefined) out.WATCHDOG_USEC = String(watchdogMs * 1000);
   return out;
 }
 
@@ -257,7 +267,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
     opened.push(fd);
     return { fd };
   };
-  const env = childEnv(a, spec.env);
+  const env = childEnv(a, spec.env, spec.watchdogMs);
   let child: ProcessHandle;
   try {
     child = spawn(spec.command, a.argv, {

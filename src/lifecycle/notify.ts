@@ -50,6 +50,8 @@ export interface Notification {
   status?: string;
   /** MAINPID's value as sent; check it with isTargetPid. */
   mainPid?: number;
+  /** WATCHDOG=1 (a keep-alive ping) or WATCHDOG=trigger (fail now), for `watchdogMs`. */
+  watchdog?: 'ping' | 'trigger';
   /** Every assignment, for diagnostics. */
   fields: Map<string, string>;
 }
@@ -65,6 +67,9 @@ export function parseNotification(data: Buffer): Notification {
   const n: Notification = { ready: fields.get('READY') === '1', fields };
   const status = fields.get('STATUS');
   if (status !== undefined) n.status = status;
+  const watchdog = fields.get('WATCHDOG');
+  if (watchdog === '1') n.watchdog = 'ping';
+  else if (watchdog === 'trigger') n.watchdog = 'trigger';
   const main = fields.get('MAINPID');
   if (main !== undefined && /^[0-9]{1,10}$/.test(main)) n.mainPid = Number(main);
   else if (main !== undefined) n.mainPid = Number.NaN;
@@ -201,7 +206,7 @@ export class NotifyChannel {
       return false;
     }
     const n = parseNotification(d.data);
-    if (!n.ready && n.status === undefined && n.mainPid === undefined) return false;
+    if (!n.ready && n.status === undefined && n.mainPid === undefined && n.watchdog === undefined) return false;
     const sender = this.#judgeSender(d);
     if (!sender.ours) {
       // Before confirm the target is not known yet (a daemon can say READY=1 before its launcher's pidfile is
@@ -219,6 +224,7 @@ export class NotifyChannel {
       this.#lastStatus = n.status;
       this.#emit('status', { id, pid: sender.pid, status: n.status, message: `STATUS=${n.status}` });
     }
+    if (n.watchdog !== undefined && this.#running) this.#onWatchdog?.(n.watchdog);
     if (this.#running) {
       // The target was recorded at launch: a later MAINPID= would be a new one, unproven for recovery.
       if (n.mainPid !== undefined) this.#ignore(sender.pid, `MAINPID=${n.mainPid} once running is not followed`);
@@ -387,6 +393,13 @@ export class NotifyChannel {
       parts.push(`its last STATUS= was ${JSON.stringify(this.#lastStatus.slice(0, 200))}`);
     if (this.#ignored) parts.push(`${this.#ignored} notification(s) from processes not the instance's were ignored`);
     return parts.join('; ');
+  }
+
+  #onWatchdog: ((kind: 'ping' | 'trigger') => void) | undefined;
+
+  /** Where WATCHDOG=1 and WATCHDOG=trigger from the instance's processes go once it runs (src/lifecycle/watchdog.ts). */
+  onWatchdog(fn: (kind: 'ping' | 'trigger') => void): void {
+    this.#onWatchdog = fn;
   }
 
   /**

@@ -29,6 +29,7 @@ const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
   executable: true,
   ready: true,
   health: true,
+  watchdogMs: true,
   pid: true,
   launcherExits: true,
   paths: true,
@@ -131,6 +132,12 @@ export function validateSpec(spec: LaunchSpec): void {
     }
   }
   validateHealth(spec.health);
+  if (spec.watchdogMs !== undefined) {
+    assertDuration(spec.watchdogMs, 'watchdogMs');
+    if (spec.watchdogMs < 1) throw new InvalidArgError('watchdogMs must be at least 1 ms');
+    if (spec.ready !== 'notify')
+      throw new InvalidArgError("watchdogMs needs ready: 'notify' (WATCHDOG=1 comes over it)");
+  }
   assertLogOptions(spec.logs);
   if (spec.confirmTimeoutMs !== undefined) assertDuration(spec.confirmTimeoutMs, 'confirmTimeoutMs');
   if (spec.abandonGraceMs !== undefined) assertDuration(spec.abandonGraceMs, 'abandonGraceMs');

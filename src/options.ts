@@ -6,7 +6,7 @@
  */
 import { InvalidArgError } from './errors.js';
 import type { EventSink } from './events.js';
-import type { Instance } from './lifecycle/launch.js';
+import type { Instance, LaunchSpec } from './lifecycle/launch.js';
 import { type CgroupOptions, CgroupRoot } from './process/cgroup.js';
 import { type SweepOptions, validateSweep } from './process/sweep.js';
 import type { LastExit } from './types.js';
@@ -75,6 +75,12 @@ export interface SupervisorOptions {
    * ERR_CUSTODY_BAD_CGROUP. Without it nothing changes.
    */
   cgroup?: CgroupOptions;
+  /**
+   * The specs of instances this supervisor may adopt, by id: what a manifest cannot hold (functions). An
+   * adopted instance takes its `health` probe from here; one launched with a probe or a watchdog whose spec
+   * is not given runs without it (a warning says so).
+   */
+  specs?: Record<string, LaunchSpec>;
 }
 
 export interface StopOptions {
@@ -113,6 +119,7 @@ const SUPERVISOR_OPTION_KEYS: Record<keyof SupervisorOptions, true> = {
   subreaper: true,
   sweep: true,
   cgroup: true,
+  specs: true,
 };
 const SWEEP_KEYS: Record<keyof NonNullable<SupervisorOptions['sweep']>, true> = { intervalMs: true, patterns: true };
 const CGROUP_KEYS: Record<keyof CgroupOptions, true> = { root: true };
@@ -148,6 +155,7 @@ export function validateSupervisorOptions(options: SupervisorOptions): void {
     if (sw.intervalMs < 100) throw new InvalidArgError('sweep.intervalMs must be at least 100');
     for (const p of sw.patterns) validateSweep(p);
   }
+  // specs: checked by validateSpecs (src/lifecycle/spec.ts), as launch() checks one.
 }
 
 /** Whether a supervisor's instances hold the event loop while they run (`ref`, or its old name). */

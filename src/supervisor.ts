@@ -26,7 +26,7 @@ import { addReaperSource, reapMembers, removeReaperSource } from './process/reap
 import { acquireSubreaper, releaseSubreaper } from './process/subreaper.js';
 import type { Capabilities } from './types.js';
 import { assertDuration } from './validate.js';
-import { validateSpec } from './lifecycle/spec.js';
+import { validateSpec, validateSpecs } from './lifecycle/spec.js';
 import { launchInstance } from './lifecycle/attempt.js';
 import { holdExitOf, track } from './lifecycle/exits.js';
 import { FdReserve } from './lifecycle/fd-reserve.js';
@@ -40,6 +40,7 @@ import {
   type Running,
 } from './lifecycle/instances.js';
 import { stopInstance } from './lifecycle/stop.js';
+import { probeHealth } from './lifecycle/health.js';
 
 export type {
   InstanceInfo,
@@ -136,6 +137,7 @@ export class Supervisor {
    */
   static async open(options: SupervisorOptions): Promise<{ supervisor: Supervisor; report: RecoveryReport }> {
     validateSupervisorOptions(options);
+    validateSpecs(options.specs);
     // A /proc of another pid namespace would make every proof below about other processes.
     if (backend.capabilities().proc) backend.assertOwnProc();
     const emit = emitter(options.onEvent);
@@ -221,7 +223,10 @@ export class Supervisor {
         judging.push(id);
         return true;
       },
-      adopt: (m: Manifest, h: ProcessHandle, cg: InstanceCgroup | null) => void track(this.#host, m, h, cg),
+      adopt: (m: Manifest, h: ProcessHandle, cg: InstanceCgroup | null) => {
+        track(this.#host, m, h, cg);
+        this.#keepAliveAdopted(m);
+      },
       quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
       defer: (id, error) => this.#table.move(id, { status: 'deferred', error }),
       forget: (id) => {
@@ -235,6 +240,23 @@ export class Supervisor {
     const done = () => this.#pending.delete(p);
     p.then(done, done);
     return p;
+  }
+
+  /** What keeps an adopted instance alive that its manifest cannot hold (functions): its health probe, from specs. */
+  #keepAliveAdopted(m: Manifest): void {
+    const t = this.#table.get(m.id);
+    if (t?.status !== 'running') return;
+    const spec = this.#options.specs?.[m.id];
+    const was = m.keepAlive;
+    if (spec?.health) probeHealth(this.#host, t, spec.health);
+    else if (was?.health) {
+      const message = `${m.id} was launched with a health probe; without its spec in open({ specs }) it is not probed`;
+      this.#emit('warning', { id: m.id, message });
+    }
+    if (was?.watchdogMs != null) {
+      const message = `${m.id}'s watchdog is not bound again after an agent restart: its notify socket went with the supervisor that launched it`;
+      this.#emit('warning', { id: m.id, message });
+    }
   }
 
   #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {

@@ -10,7 +10,6 @@ import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
 import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
-import { guardCgroup } from '../process/cgroup-guard.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
 import { executableId, type ProcessHandle } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
@@ -43,7 +42,7 @@ import { openNotify } from './notify-launch.js';
 import { waitReady } from './ready.js';
 import { settle } from './settle.js';
 import { removeState, stopInstance } from './stop.js';
-import { watchHealth } from './health.js';
+import { probeHealth } from './health.js';
 import { watchWatchdog } from './watchdog.js';
 
 /** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */
@@ -158,6 +157,9 @@ function startingManifest(a: Attempt, spec: LaunchSpec): StartingManifest {
     // What the agent needs of the launch after a restart: the log caps, the launcher's role.
     logs: spec.stdout === undefined || spec.stderr === undefined ? logCaps(spec.logs) : null,
     launcherExits: a.launcherExits,
+    ...(spec.health || spec.watchdogMs !== undefined
+      ? { keepAlive: { health: spec.health !== undefined, watchdogMs: spec.watchdogMs ?? null } }
+      : {}),
     ...(a.cgroup ? { cgroup: { path: a.cgroup.path, id: a.cgroup.id } } : {}),
   };
 }
@@ -288,13 +290,7 @@ async function run(
     }
     const tracked = track(host, running, target, cgroup);
     const live = host.table.get(spec.id);
-    if (spec.health && live?.status === 'running') {
-      watchHealth(host, live, spec.health, async (t, graceMs) => {
-        // As stop() refuses: a cgroup whose path became unsafe is no longer one to act through.
-        if (t.cgroup) guardCgroup(t.cgroup);
-        return stopInstance(host, t, { graceMs, why: 'health' });
-      });
-    }
+    if (spec.health && live?.status === 'running') probeHealth(host, live, spec.health);
     const notify = a.notify;
     if (notify) {
       // STATUS= updates and barriers keep working while the instance runs; closed with it, or with us.

@@ -12,10 +12,12 @@
 import { InvalidArgError } from '../errors.js';
 import { assertDuration, assertKnownKeys } from '../validate.js';
 import { TIMED_OUT, within } from '../timing.js';
+import { guardCgroup } from '../process/cgroup-guard.js';
 import { callHook } from './hooks.js';
 import type { LifecycleHost } from './host.js';
 import type { Running } from './instances.js';
 import type { HealthSpec } from './launch.js';
+import { stopInstance } from './stop.js';
 
 const HEALTH_KEYS: Record<keyof HealthSpec, true> = {
   probe: true,
@@ -44,6 +46,15 @@ export function validateHealth(h: unknown): void {
 
 /** What ends an unhealthy instance: the supervisor's stop, told why. */
 export type EndUnhealthy = (t: Running, graceMs: number) => Promise<unknown>;
+
+/** Starts the probes of a running instance (a launch's, or an adopted one's, from specs); failures end it through the stop path. */
+export function probeHealth(host: LifecycleHost, t: Running, spec: HealthSpec): void {
+  watchHealth(host, t, spec, async (running, graceMs) => {
+    // As stop() refuses: a cgroup whose path became unsafe is no longer one to act through.
+    if (running.cgroup) guardCgroup(running.cgroup);
+    return stopInstance(host, running, { graceMs, why: 'health' });
+  });
+}
 
 /** Probes a running instance until it is no longer the table's `running` record; ends it after `failures` in a row. */
 export function watchHealth(host: LifecycleHost, t: Running, spec: HealthSpec, end: EndUnhealthy): void {

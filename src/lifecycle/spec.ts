@@ -67,6 +67,18 @@ function assertKnownSpecKeys(spec: LaunchSpec): void {
   }
 }
 
+/** SupervisorOptions.specs: each a valid LaunchSpec, under its own id. */
+export function validateSpecs(specs: unknown): void {
+  if (specs === undefined) return;
+  if (!specs || typeof specs !== 'object' || Array.isArray(specs))
+    throw new InvalidArgError('specs must be an object of LaunchSpecs by id');
+  for (const [id, spec] of Object.entries(specs as Record<string, LaunchSpec>)) {
+    validateSpec(spec);
+    if (spec.id !== id)
+      throw new InvalidArgError(`specs[${JSON.stringify(id)}] is the spec of ${JSON.stringify(spec.id)}`);
+  }
+}
+
 export function validateSpec(spec: LaunchSpec): void {
   if (!spec || typeof spec !== 'object') throw new InvalidArgError('launch() needs a spec object');
   assertKnownSpecKeys(spec);

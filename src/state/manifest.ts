@@ -66,6 +66,8 @@ interface ManifestFields {
   logs?: { maxBytes: number; keep: number } | null;
   /** A pidfile launch whose launcher stays (pid: { file }, launcherExits: false). Absent before version 3. */
   launcherExits?: boolean;
+  /** What keeps it alive that a restarted agent must hand back (open({ specs })): absent where there is none. */
+  keepAlive?: { health: boolean; watchdogMs: number | null };
 }
 
 /**
@@ -245,6 +247,11 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     if (!(isObj(l) && isInt(l.maxBytes, 0) && isInt(l.keep, 0))) throw bad('logs is malformed');
   }
   if (v.launcherExits !== undefined && typeof v.launcherExits !== 'boolean') throw bad('launcherExits is malformed');
+  if (v.keepAlive !== undefined) {
+    const k = v.keepAlive;
+    if (!(isObj(k) && typeof k.health === 'boolean' && (k.watchdogMs === null || isInt(k.watchdogMs, 1))))
+      throw bad('keepAlive is malformed');
+  }
   if ((v.state === 'running' || v.state === 'stopping') && v.identity === null)
     throw bad(`a ${v.state} manifest has no identity`);
   if (v.state === 'stopping' && !(typeof v.stoppingSince === 'string')) throw bad('stoppingSince is malformed');

@@ -7,9 +7,9 @@ import { existsSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import type { StopEvent } from '../../src/index.js';
+import { type CustodyEvent, type LaunchSpec, type StopEvent, Supervisor } from '../../src/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { MARKER, waitFor } from '../helpers/procs.js';
+import { MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -104,6 +104,75 @@ describe(`health probes (${backend.name})`, () => {
     expect(warnings('flaky').every((m) => m.startsWith('health probe 1/2 failed: flake'))).toBe(true);
     const r = await ctx.supervisor.stop('flaky', { graceMs: 5000 });
     expect(r.result).toBe('stopped');
+  });
+
+  it('an adopted instance is probed from open({ specs }); without its spec, a warning says it is not', async () => {
+    const dir = tmpDir('custody-health-adopt-');
+    const stateDir = join(dir.path, 'state');
+    const events: CustodyEvent[] = [];
+    const onEvent = (e: CustodyEvent) => events.push(e);
+    let healthy = true;
+    const spec: LaunchSpec = {
+      id: 'vm',
+      command: PERL,
+      args: idle,
+      health: {
+        intervalMs: 20,
+        failures: 2,
+        probe: () => {
+          if (!healthy) throw new Error('not healthy');
+        },
+      },
+    };
+    const sups: Supervisor[] = [];
+    try {
+      const first = (await Supervisor.open({ stateDir, onEvent })).supervisor;
+      sups.push(first);
+      const inst = await first.launch(spec);
+      await first.close();
+      // Reopened without its spec: adopted, not probed, and the warning says why.
+      const bare = (await Supervisor.open({ stateDir, onEvent })).supervisor;
+      sups.push(bare);
+      expect(bare.list()).toMatchObject([{ id: 'vm', status: 'running', pid: inst.pid }]);
+      expect(events.filter((e) => e.type === 'warning' && e.id === 'vm').map((e) => e.message)).toEqual([
+        'vm was launched with a health probe; without its spec in open({ specs }) it is not probed',
+      ]);
+      await bare.close();
+      // Reopened with it: probed again, and ended by its failures.
+      const withSpec = (await Supervisor.open({ stateDir, onEvent, specs: { vm: spec } })).supervisor;
+      sups.push(withSpec);
+      healthy = false;
+      const stop = await waitFor(
+        () => events.find((e): e is StopEvent => e.type === 'stop' && e.id === 'vm'),
+        20_000,
+        'the stop',
+      );
+      expect(stop).toMatchObject({ pid: inst.pid, outcome: 'exited', result: 'health' });
+      expect(withSpec.list()).toEqual([]);
+    } finally {
+      for (const s of sups) await s.close();
+      dir.cleanup();
+    }
+  });
+
+  it('specs in open() are checked as launch() checks a spec, each under its own id', async () => {
+    const dir = tmpDir('custody-health-specs-');
+    const stateDir = join(dir.path, 'state');
+    try {
+      const spec = { id: 'vm', command: PERL, args: idle };
+      for (const specs of [
+        null,
+        [],
+        { vm: { ...spec, id: 'other' } },
+        { vm: { ...spec, health: { intervalMs: 5 } } },
+      ]) {
+        await expect(Supervisor.open({ stateDir, specs } as never), JSON.stringify(specs)).rejects.toMatchObject({
+          code: 'ERR_CUSTODY_INVALID_ARG',
+        });
+      }
+    } finally {
+      dir.cleanup();
+    }
   });
 
   it('a bad health spec is ERR_CUSTODY_INVALID_ARG before anything exists', async () => {

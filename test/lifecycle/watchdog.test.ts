@@ -8,9 +8,9 @@ import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import { capabilities, type ExitEvent, type StopEvent } from '../../src/index.js';
+import { capabilities, type CustodyEvent, type ExitEvent, type StopEvent, Supervisor } from '../../src/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
-import { MARKER, waitFor } from '../helpers/procs.js';
+import { MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -33,7 +33,15 @@ if mode == 'ignore-abrt':
     signal.signal(signal.SIGABRT, signal.SIG_IGN)
 addr = os.environ['NOTIFY_SOCKET']
 addr = '\\0' + addr[1:] if addr.startswith('@') else addr
-s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+class s:
+    # Sends on; one with nobody on the socket (a supervisor gone) is lost, as sd_notify's would be.
+    @staticmethod
+    def sendto(data, to):
+        try:
+            sock.sendto(data, to)
+        except OSError:
+            pass
 with open(alive + '.env', 'w') as f:
     f.write(os.environ.get('WATCHDOG_USEC', '') + ' ' + os.environ.get('WATCHDOG_PID', ''))
 s.sendto(b'READY=1', addr)
@@ -120,6 +128,41 @@ describe.runIf(capabilities().notify)(`the watchdog (${backend.name})`, () => {
     expect(stop).toMatchObject({ outcome: 'exited', signal: 'SIGTERM', result: 'watchdog' });
     expect(inst.lastExit?.result).toBe('watchdog');
     expect(existsSync(join(ctx.stateDir, 'stubborn'))).toBe(false);
+  });
+});
+
+describe.runIf(capabilities().notify)(`the watchdog after an agent restart (${backend.name})`, () => {
+  it('is not bound again: the adopted instance runs on, and a warning says so', async () => {
+    const dir = tmpDir('custody-watchdog-adopt-');
+    const stateDir = join(dir.path, 'state');
+    const events: CustodyEvent[] = [];
+    const sups: Supervisor[] = [];
+    try {
+      const first = (await Supervisor.open({ stateDir, onEvent: (e) => events.push(e) })).supervisor;
+      sups.push(first);
+      const alive = join(dir.path, 'alive');
+      writeFileSync(alive, '');
+      const inst = await first.launch({
+        id: 'vm',
+        command: PYTHON,
+        args: (t) => ['-c', DAEMON, alive, 'silent', t, MARKER],
+        ready: 'notify',
+        watchdogMs: 200,
+        cwd: dir.path,
+      });
+      await first.close();
+      const second = (await Supervisor.open({ stateDir, onEvent: (e) => events.push(e) })).supervisor;
+      sups.push(second);
+      expect(second.list()).toMatchObject([{ id: 'vm', status: 'running', pid: inst.pid }]);
+      expect(events.filter((e) => e.type === 'warning' && e.id === 'vm').map((e) => e.message)).toEqual([
+        "vm's watchdog is not bound again after an agent restart: its notify socket went with the supervisor that launched it",
+      ]);
+      const r = await second.stop('vm', { graceMs: 5000 });
+      expect(r.result).toBe('stopped');
+    } finally {
+      for (const s of sups) await s.close();
+      dir.cleanup();
+    }
   });
 });
 

@@ -105,6 +105,7 @@ export class TokenScan {
   // each one's exec or exit costs one more scan, whichever launches follow it.
   #firstScan: Promise<Scanned> | undefined;
   readonly #settledForks = new Set<number>();
+  readonly #exitedCandidates = new Set<number>();
   // Read once a recover(): a clock stepped since an earlier one moves it.
   #bootMs: number | null | undefined;
 
@@ -155,10 +156,22 @@ export class TokenScan {
    * scan predates them, so the carriers are read again, once per fork, by whichever launch asks next.
    */
   settled(pids: number[]): void {
+    this.#rescanFor(this.#settledForks, pids);
+  }
+
+  /**
+   * Candidates that exited since they were listed (a launcher that started the target and exited: the
+   * target, re-parented away, is no candidate's child): the carriers are read again, once per pid.
+   */
+  exited(pids: number[]): void {
+    this.#rescanFor(this.#exitedCandidates, pids);
+  }
+
+  #rescanFor(seen: Set<number>, pids: number[]): void {
     let rescan = false;
     for (const pid of pids) {
-      if (this.#settledForks.has(pid)) continue;
-      this.#settledForks.add(pid);
+      if (seen.has(pid)) continue;
+      seen.add(pid);
       rescan = true;
     }
     if (rescan) this.#scan = undefined;

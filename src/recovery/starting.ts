@@ -138,12 +138,17 @@ export class InterruptedLaunches {
               candidates = inside.procs();
               f.waitable = candidates.length;
             } else {
-              // Only the candidates (and what they forked since) are looked at again, never the whole table.
+              // Only the candidates (and what they forked since) are looked at again, never the whole table,
               const live = looked.filter((pid) => backend.stat(pid) !== null);
-              candidates = [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
+              // unless one exited since it was listed: it may have started the target first (a launcher that
+              // runs it in the background and exits), which, re-parented away, is no candidate's child.
+              const exited = looked.filter((pid) => !live.includes(pid));
+              if (exited.length > 0) this.#scan.exited(exited);
+              candidates =
+                exited.length > 0 ? null : [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];
               // An environment that may not be read stays so: waiting cannot prove those.
               const unreadable = this.#unreadableOf(m);
-              f.waitable = live.filter((pid) => !unreadable.has(pid)).length;
+              f.waitable = live.filter((pid) => !unreadable.has(pid)).length + exited.length;
             }
             // A fork that exec'd while recovery waited, and is this launch's (a carrier, or a candidate now).
             f.forkExecd = [...execd].some((pid) => looked.includes(pid) || candidates?.includes(pid));

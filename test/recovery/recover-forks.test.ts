@@ -63,7 +63,71 @@ function carriers(token: string): number[] {
   return out;
 }
 
+/**
+ * A dead "supervisor" whose fork waits 1 s and execs `argv` (a launcher carrying the token) for a launch
+ * whose pid came from a function and whose program is perl; recovered by a new supervisor. Returns its
+ * report, with every token carrier left registered for the end of the test.
+ */
+async function recoverLaunch(token: string, argv: string[]) {
+  const createdAt = new Date().toISOString();
+  const sup = spawn(
+    PYTHON,
+    [
+      '-c',
+      'import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1)\n    os.execv(sys.argv[1], sys.argv[1:])\nprint(pid, flush=True)\ntime.sleep(60)',
+      ...argv,
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  ended.push(sup);
+  const fork = Number(await firstLine(sup));
+  extraPids.push({ pid: fork, start: startOf(fork) });
+  const stateDir = await interrupted([
+    {
+      token,
+      args: argv.slice(1),
+      pidSource: 'function',
+      executable: PERL,
+      supervisorPid: sup.pid!,
+      forkImage: imageOf(sup.pid!)!,
+      createdAt,
+      updatedAt: createdAt,
+    },
+  ]);
+  sup.kill('SIGKILL');
+  await new Promise((r) => (sup.exitCode !== null || sup.signalCode !== null ? r(null) : sup.once('exit', r)));
+  const opened = await Supervisor.open({ stateDir, onEvent: () => {} });
+  for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
+  return opened;
+}
+
 describe(`recovery and the forks a dead supervisor left (${backend.name})`, () => {
+  it('a launcher that starts the target in the background and exits while recovery watches it: the target is adopted, not lost', async () => {
+    const token = randomBytes(16).toString('hex');
+    // sh carries the token but is not the program (perl): a candidate, not the target. A second on, it starts
+    // perl in the background and exits; perl forks the target and exits too. The target, re-parented to init,
+    // is no child of any candidate recovery is watching.
+    const perl = `${PERL} -e 'exit 0 if fork; sleep 30' -- ${token} ${MARKER}`;
+    const { supervisor, report } = await recoverLaunch(token, [
+      '/bin/sh',
+      '-c',
+      `sleep 1; ${perl} & exit 0`,
+      'sh',
+      token,
+    ]);
+    try {
+      expect(report.cleaned).toEqual([]);
+      expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
+      const target = report.adopted[0]!.pid!;
+      for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
+      expect(carriers(token)).toEqual([target]);
+      await supervisor.stop('i-0', { graceMs: 1000 });
+      expect(carriers(token)).toEqual([]);
+    } finally {
+      await supervisor.close();
+    }
+  });
+
   it('a process of another uid with no argv, and an old one of ours, hold no interrupted launch up', async (ctx) => {
     ctx.skip(!isRoot(), 'needs root: setpriv runs the squatter as uid 65534');
     const squat = (uid: string[]) => {

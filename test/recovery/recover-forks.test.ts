@@ -69,6 +69,8 @@ function carriers(token: string): number[] {
  * report, with every token carrier left registered for the end of the test.
  */
 async function recoverLaunch(token: string, argv: string[]) {
+  // Dated before the fork exists, as a launch writes its manifest before it spawns: a fork that seems
+  // to predate its launch is no launch's child, and a slow write here must not make it seem so.
   const createdAt = new Date().toISOString();
   const sup = spawn(
     PYTHON,
@@ -101,6 +103,22 @@ async function recoverLaunch(token: string, argv: string[]) {
   return opened;
 }
 
+/** recoverLaunch, then: the one process carrying the token is adopted as the target, and its stop ends it. */
+async function expectTargetAdopted(token: string, argv: string[]): Promise<void> {
+  const { supervisor, report } = await recoverLaunch(token, argv);
+  try {
+    expect(report.cleaned).toEqual([]);
+    expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
+    const target = report.adopted[0]!.pid!;
+    for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
+    expect(carriers(token)).toEqual([target]);
+    await supervisor.stop('i-0', { graceMs: 1000 });
+    expect(carriers(token)).toEqual([]);
+  } finally {
+    await supervisor.close();
+  }
+}
+
 describe(`recovery and the forks a dead supervisor left (${backend.name})`, () => {
   it('a launcher that starts the target in the background and exits while recovery watches it: the target is adopted, not lost', async () => {
     const token = randomBytes(16).toString('hex');
@@ -108,24 +126,7 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
     // perl in the background and exits; perl forks the target and exits too. The target, re-parented to init,
     // is no child of any candidate recovery is watching.
     const perl = `${PERL} -e 'exit 0 if fork; sleep 30' -- ${token} ${MARKER}`;
-    const { supervisor, report } = await recoverLaunch(token, [
-      '/bin/sh',
-      '-c',
-      `sleep 1; ${perl} & exit 0`,
-      'sh',
-      token,
-    ]);
-    try {
-      expect(report.cleaned).toEqual([]);
-      expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
-      const target = report.adopted[0]!.pid!;
-      for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
-      expect(carriers(token)).toEqual([target]);
-      await supervisor.stop('i-0', { graceMs: 1000 });
-      expect(carriers(token)).toEqual([]);
-    } finally {
-      await supervisor.close();
-    }
+    await expectTargetAdopted(token, ['/bin/sh', '-c', `sleep 1; ${perl} & exit 0`, 'sh', token]);
   });
 
   it('a process of another uid with no argv, and an old one of ours, hold no interrupted launch up', async (ctx) => {
@@ -152,50 +153,6 @@ describe(`recovery and the forks a dead supervisor left (${backend.name})`, () =
 
   it('a fork that execs a launcher which forks the target and exits at once: the target is adopted', async () => {
     const token = randomBytes(16).toString('hex');
-    const args = ['-e', 'exit 0 if fork; sleep 30', token, MARKER];
-    // Dated before the fork exists, as a launch writes its manifest before it spawns: a fork that seems
-    // to predate its launch is no launch's child, and a slow write here must not make it seem so.
-    const createdAt = new Date().toISOString();
-    // The "supervisor": its fork waits 1 s before it execs the launcher, as a launch's child sits before its exec.
-    const sup = spawn(
-      PYTHON,
-      [
-        '-c',
-        'import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1)\n    os.execv(sys.argv[1], sys.argv[1:])\nprint(pid, flush=True)\ntime.sleep(60)',
-        PERL,
-        ...args,
-      ],
-      { stdio: ['ignore', 'pipe', 'inherit'] },
-    );
-    ended.push(sup);
-    const fork = Number(await firstLine(sup));
-    extraPids.push({ pid: fork, start: startOf(fork) });
-    const stateDir = await interrupted([
-      {
-        token,
-        args,
-        pidSource: 'function',
-        executable: PERL,
-        supervisorPid: sup.pid!,
-        forkImage: imageOf(sup.pid!)!,
-        createdAt,
-        updatedAt: createdAt,
-      },
-    ]);
-    sup.kill('SIGKILL');
-    await new Promise((r) => (sup.exitCode !== null || sup.signalCode !== null ? r(null) : sup.once('exit', r)));
-    const { supervisor, report } = await Supervisor.open({ stateDir, onEvent: () => {} });
-    // Whatever carries the token now is this test's to end, whatever the report says.
-    for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
-    try {
-      expect(report.cleaned).toEqual([]);
-      expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
-      const target = report.adopted[0]!.pid!;
-      expect(carriers(token)).toEqual([target]);
-      await supervisor.stop('i-0', { graceMs: 1000 });
-      expect(carriers(token)).toEqual([]);
-    } finally {
-      await supervisor.close();
-    }
+    await expectTargetAdopted(token, [PERL, '-e', 'exit 0 if fork; sleep 30', token, MARKER]);
   });
 });

@@ -41,7 +41,7 @@ import {
 import { openNotify } from './notify-launch.js';
 import { waitReady } from './ready.js';
 import { settle } from './settle.js';
-import { removeState, stopInstance } from './stop.js';
+import { removeState } from './stop.js';
 import { probeHealth } from './health.js';
 import { watchWatchdog } from './watchdog.js';
 
@@ -298,9 +298,7 @@ async function run(
       host.notifiers.add(notify);
       void target.gone.then(() => host.notifiers.delete(notify));
       if (spec.watchdogMs !== undefined && live?.status === 'running') {
-        watchWatchdog(host, live, notify, spec.watchdogMs, (t) =>
-          stopInstance(host, t, { graceMs: 1000, why: 'watchdog' }),
-        );
+        watchWatchdog(host, live, notify, spec.watchdogMs);
       }
     }
     // What the launch left re-parented to us (-daemonize's zombie fork) is reapable now that its sessions are known.

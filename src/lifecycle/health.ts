@@ -12,12 +12,11 @@
 import { InvalidArgError } from '../errors.js';
 import { assertDuration, assertKnownKeys } from '../validate.js';
 import { TIMED_OUT, within } from '../timing.js';
-import { guardCgroup } from '../process/cgroup-guard.js';
 import { callHook } from './hooks.js';
 import type { LifecycleHost } from './host.js';
 import type { Running } from './instances.js';
 import type { HealthSpec } from './launch.js';
-import { stopInstance } from './stop.js';
+import { stopFor } from './stop.js';
 
 const HEALTH_KEYS: Record<keyof HealthSpec, true> = {
   probe: true,
@@ -44,20 +43,11 @@ export function validateHealth(h: unknown): void {
   }
 }
 
-/** What ends an unhealthy instance: the supervisor's stop, told why. */
-export type EndUnhealthy = (t: Running, graceMs: number) => Promise<unknown>;
-
-/** Starts the probes of a running instance (a launch's, or an adopted one's, from specs); failures end it through the stop path. */
+/**
+ * Probes a running instance (a launch's, or an adopted one's from specs) until it is no longer the table's
+ * `running` record; `failures` in a row end it through the stop path.
+ */
 export function probeHealth(host: LifecycleHost, t: Running, spec: HealthSpec): void {
-  watchHealth(host, t, spec, async (running, graceMs) => {
-    // As stop() refuses: a cgroup whose path became unsafe is no longer one to act through.
-    if (running.cgroup) guardCgroup(running.cgroup);
-    return stopInstance(host, running, { graceMs, why: 'health' });
-  });
-}
-
-/** Probes a running instance until it is no longer the table's `running` record; ends it after `failures` in a row. */
-export function watchHealth(host: LifecycleHost, t: Running, spec: HealthSpec, end: EndUnhealthy): void {
   const { id } = t.instance;
   const timeoutMs = spec.timeoutMs ?? Math.min(spec.intervalMs, 30_000);
   const limit = spec.failures ?? 3;
@@ -83,7 +73,7 @@ export function watchHealth(host: LifecycleHost, t: Running, spec: HealthSpec, e
       failed++;
       host.emit('warning', { id, pid: t.handle.pid, message: `health probe ${failed}/${limit} failed: ${why}` });
       if (failed >= limit) {
-        await end(t, spec.graceMs ?? 10_000).catch((err: unknown) =>
+        await stopFor(host, t, 'health', spec.graceMs ?? 10_000).catch((err: unknown) =>
           host.emit('warning', { id, message: `ending ${id} after failed health probes: ${(err as Error).message}` }),
         );
         return;

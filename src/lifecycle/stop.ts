@@ -14,6 +14,7 @@
  */
 import { AbortError } from '../errors.js';
 import { backend } from '../backend/index.js';
+import { guardCgroup } from '../process/cgroup-guard.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
 import { open, type ProcessHandle, releaseExit } from '../process/handle.js';
 import { isNoProcess } from '../process/identity.js';
@@ -64,6 +65,20 @@ export async function stopInstance(
     }
     throw err;
   }
+}
+
+/**
+ * A stop custody makes itself (failed health probes, a watchdog that fired), told why; refused, as stop()
+ * refuses, where the instance's cgroup path became unsafe to act through.
+ */
+export function stopFor(
+  host: LifecycleHost,
+  t: Running,
+  why: ExitResult,
+  graceMs: number,
+): Promise<InstanceStopResult> {
+  if (t.cgroup) guardCgroup(t.cgroup);
+  return stopInstance(host, t, { graceMs, why });
 }
 
 async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Promise<InstanceStopResult> {

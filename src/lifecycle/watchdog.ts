@@ -13,17 +13,9 @@ import { TIMED_OUT, within } from '../timing.js';
 import type { LifecycleHost } from './host.js';
 import type { Running } from './instances.js';
 import type { NotifyChannel } from './notify.js';
+import { stopFor } from './stop.js';
 
-/** What ends an instance that outlived its SIGABRT: the supervisor's stop, told why. */
-export type EndStuck = (t: Running) => Promise<unknown>;
-
-export function watchWatchdog(
-  host: LifecycleHost,
-  t: Running,
-  notify: NotifyChannel,
-  watchdogMs: number,
-  end: EndStuck,
-): void {
+export function watchWatchdog(host: LifecycleHost, t: Running, notify: NotifyChannel, watchdogMs: number): void {
   const { id } = t.instance;
   const pid = t.handle.pid;
   const current = () => host.table.get(id) === t && !host.closed;
@@ -36,7 +28,7 @@ export function watchWatchdog(
     host.emit('warning', { id, pid, message: `watchdog: ${why}; SIGABRT to pid ${pid}` });
     t.handle.signal('SIGABRT');
     if ((await within(t.handle.gone, watchdogMs)) !== TIMED_OUT || !current()) return;
-    await end(t).catch((err: unknown) =>
+    await stopFor(host, t, 'watchdog', 1000).catch((err: unknown) =>
       host.emit('warning', { id, message: `ending ${id} after its watchdog fired: ${(err as Error).message}` }),
     );
   };

@@ -19,6 +19,10 @@ describe('signals', () => {
     expect(decodeWaitStatus(3 << 8)).toEqual({ code: 3, signal: null });
     expect(decodeWaitStatus(0)).toEqual({ code: 0, signal: null });
     expect(decodeWaitStatus(constants.signals.SIGKILL)).toEqual({ code: null, signal: 'SIGKILL' });
-    expect(decodeWaitStatus(constants.signals.SIGSEGV | 0x80)).toEqual({ code: null, signal: 'SIGSEGV' });
+    expect(decodeWaitStatus(constants.signals.SIGSEGV | 0x80)).toEqual({
+      code: null,
+      signal: 'SIGSEGV',
+      coreDumped: true,
+    });
   });
 });

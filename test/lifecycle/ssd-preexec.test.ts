@@ -9,10 +9,11 @@ import type { Supervisor } from '../../src/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { isGone, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor } from '../helpers/supervisor.js';
-import { CGROUP_ROOT, CGROUP_SKIP } from '../helpers/cgroup.js';
+import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft } from '../helpers/cgroup.js';
 import { installed, ssdStart } from '../integration/programs.js';
 
 expectNoLeaks();
+expectNoCgroupsLeft();
 
 const SSD = installed('start-stop-daemon');
 const SLEEP = '/bin/sleep';

@@ -27,25 +27,32 @@ const stopEvent = (id: string) =>
 
 const warnings = (id: string) => ctx!.events.filter((e) => e.type === 'warning' && e.id === id).map((e) => e.message);
 
+/** Instance `vm`, idle, probed every 20 ms; `healthy()` false is a failed probe, two in a row end it. */
+const probedVm = (healthy: () => boolean): LaunchSpec => ({
+  id: 'vm',
+  command: PERL,
+  args: idle,
+  health: {
+    intervalMs: 20,
+    failures: 2,
+    probe: () => {
+      if (!healthy()) throw new Error('not healthy');
+    },
+  },
+});
+
 describe(`health probes (${backend.name})`, () => {
   it('a healthy instance runs on; once its probe fails `failures` times in a row it is stopped, result health', async () => {
     ctx = await openSupervisor();
     const healthy = join(ctx.root, 'healthy');
     writeFileSync(healthy, '');
     let probes = 0;
-    const inst = await ctx.supervisor.launch({
-      id: 'vm',
-      command: PERL,
-      args: idle,
-      health: {
-        intervalMs: 20,
-        failures: 2,
-        probe: () => {
-          probes++;
-          if (!existsSync(healthy)) throw new Error('not healthy');
-        },
-      },
-    });
+    const inst = await ctx.supervisor.launch(
+      probedVm(() => {
+        probes++;
+        return existsSync(healthy);
+      }),
+    );
     await waitFor(() => probes >= 5, 10_000, 'five probes');
     expect(ctx.supervisor.list()).toMatchObject([{ id: 'vm', status: 'running' }]);
     expect(warnings('vm')).toEqual([]);
@@ -112,18 +119,7 @@ describe(`health probes (${backend.name})`, () => {
     const events: CustodyEvent[] = [];
     const onEvent = (e: CustodyEvent) => events.push(e);
     let healthy = true;
-    const spec: LaunchSpec = {
-      id: 'vm',
-      command: PERL,
-      args: idle,
-      health: {
-        intervalMs: 20,
-        failures: 2,
-        probe: () => {
-          if (!healthy) throw new Error('not healthy');
-        },
-      },
-    };
+    const spec = probedVm(() => healthy);
     const sups: Supervisor[] = [];
     try {
       const first = (await Supervisor.open({ stateDir, onEvent })).supervisor;

@@ -272,13 +272,10 @@ export class InstanceCgroup {
    * bytes), bounded by ms and the abort signal; true once empty.
    */
   async waitEmpty(ms: number, signal?: AbortSignal): Promise<boolean> {
-    return this.#until(() => !this.populated(), ms, signal);
+    // Paced with every other wait (thousands of stops poll at once), and read once more, fresh, at the bound.
+    return pacedUntil(() => !this.populated(), ms, signal);
   }
 
-  /** Paced with every other wait (thousands of stops poll at once), and read once more, fresh, at the bound. */
-  async #until(done: () => boolean, ms: number, signal?: AbortSignal): Promise<boolean> {
-    return pacedUntil(done, ms, signal);
-  }
 
   /** cgroup.freeze (Linux 5.2), then waits (bounded) for `frozen 1`: every process stopped where it was. */
   async freeze(ms = 5000): Promise<void> {
@@ -299,7 +296,7 @@ export class InstanceCgroup {
         throw new UnsupportedError(`cgroup.freeze needs Linux >= 5.2 (${this.path} has none)`);
       throw err;
     }
-    if (!(await this.#until(() => this.frozen() === on, ms)))
+    if (!(await pacedUntil(() => this.frozen() === on, ms)))
       throw new CgroupTimeoutError(this.path, on ? 'frozen' : 'thawed', ms);
   }
 

@@ -276,7 +276,6 @@ export class InstanceCgroup {
     return pacedUntil(() => !this.populated(), ms, signal);
   }
 
-
   /** cgroup.freeze (Linux 5.2), then waits (bounded) for `frozen 1`: every process stopped where it was. */
   async freeze(ms = 5000): Promise<void> {
     await this.#setFrozen(true, ms);

@@ -26,6 +26,7 @@ const BENCHES = [
   './scan.js',
   './recover.js',
   './drain.js',
+  './restart.js',
 ];
 
 const quick = process.argv.includes('--quick');

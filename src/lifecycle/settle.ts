@@ -35,6 +35,10 @@ export function settle(confirmed: ProcessIdentity, isChild: boolean): Settled {
     return { ...unchanged, error: err as Error };
   }
   if (now.startTicks !== confirmed.startTicks || now.state === 'Z') return unchanged;
+  // Exiting, not yet a zombie: its address space is gone, so /proc shows no argv and no exe. That is its end,
+  // not what it became (a crash-looping instance is read so now and then).
+  if ((now.argv.length === 0 && confirmed.argv.length > 0) || (now.exe == null && confirmed.exe != null))
+    return unchanged;
   // Another executable since confirm is no title or uid change: the confirmed record stands, and recovery's
   // mismatch rule judges it.
   if (!sameExe(now.exe, confirmed.exe)) return unchanged;

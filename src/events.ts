@@ -66,11 +66,29 @@ export interface RetryEvent extends WholeInstanceEvent<'retry'> {
 /** A process outlived its grace after SIGTERM: SIGKILL follows. */
 export type EscalateEvent = InstanceEvent<'escalate'>;
 /** stop() ended the instance; its state is gone. */
-export interface StopEvent extends InstanceEvent<'stop'>, InstanceStopResult {}
+export interface StopEvent extends EventBase<'stop'>, InstanceStopResult {
+  id: string;
+  /** Absent where nothing ran: a pending restart cancelled, a failed instance stopped. */
+  pid?: number;
+}
 /** The main process exited on its own; the tails are of its instance logs (none with `logs: false`). */
 export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus, OutputTails {
   /** Why it ended (systemd's Result=): see ExitResult. */
   result: ExitResult;
+}
+/** An instance ended and its policy restarts it: the restart is due in `delayMs`. */
+export interface RestartEvent extends WholeInstanceEvent<'restart'> {
+  /** The restart's number since launch() (Instance.restarts once it runs). */
+  attempt: number;
+  delayMs: number;
+  /** Why the run that ended ended. */
+  result: ExitResult;
+}
+/** An instance ended more often than its restart limit allows: it is `failed` until launch() or remove(). */
+export interface GaveUpEvent extends WholeInstanceEvent<'gave-up'> {
+  result: ExitResult;
+  /** The restarts it had. */
+  restarts: number;
 }
 /** Something worth an operator's look; custody carried on. */
 export interface WarningEvent extends EventBase<'warning'> {
@@ -147,6 +165,8 @@ export type CustodyEvent =
   | EscalateEvent
   | StopEvent
   | ExitEvent
+  | RestartEvent
+  | GaveUpEvent
   | WarningEvent
   | AdoptEvent
   | RepairEvent

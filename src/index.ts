@@ -37,6 +37,7 @@ export {
 } from './errors.js';
 export type { CustodyErrorCode } from './errors.js';
 export type {
+  AfterExitEnd,
   Capabilities,
   CgroupCapabilities,
   ExitResult,
@@ -51,7 +52,8 @@ export type {
 export type { CgroupLimits, CgroupOptions, CgroupUsage } from './process/cgroup.js';
 export { Supervisor } from './supervisor.js';
 export type { InstanceInfo, InstanceStatus, InstanceSummary, StopOptions, SupervisorOptions } from './options.js';
-export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec } from './lifecycle/launch.js';
+export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec, HealthSpec } from './lifecycle/launch.js';
+export type { RestartOptions, RestartWhen } from './lifecycle/restart-policy.js';
 export { followLog, logPaths, readLogTail } from './state/logs.js';
 export type { LogFiles, LogOptions } from './state/logs.js';
 export type { RecoveryReport, RecoveryEntry } from './recovery/host.js';
@@ -67,11 +69,13 @@ export type {
   EventSink,
   ExitEvent,
   FreezeEvent,
+  GaveUpEvent,
   LaunchEvent,
   QuarantineEvent,
   ReadyEvent,
   ReleaseEvent,
   RepairEvent,
+  RestartEvent,
   RetryEvent,
   RunningEvent,
   SpawnEvent,

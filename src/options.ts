@@ -14,7 +14,15 @@ import { assertDuration, assertFlag, assertKnownKeys } from './validate.js';
 
 export type { InstanceStopResult, StopResult } from './types.js';
 
-export type InstanceStatus = 'starting' | 'running' | 'exited' | 'stopping' | 'quarantined' | 'deferred';
+export type InstanceStatus =
+  | 'starting'
+  | 'running'
+  | 'exited'
+  | 'stopping'
+  | 'quarantined'
+  | 'deferred'
+  | 'backoff'
+  | 'failed';
 
 /** One row of Supervisor.list(): an instance as it stands when listed. */
 export interface InstanceSummary {
@@ -25,8 +33,10 @@ export interface InstanceSummary {
   ppid: number | null;
   reason?: string;
   field?: string;
-  /** An exited instance's end, and why (systemd's Result=). */
+  /** An exited instance's end, and why (systemd's Result=); a backoff or failed one's last end. */
   exit?: LastExit;
+  /** The restarts its policy made since launch(), where it has a restart policy. */
+  restarts?: number;
   /** The instance's cgroup (absolute path), where it has one. */
   cgroup?: string | null;
 }

@@ -28,7 +28,7 @@ import type { Capabilities } from './types.js';
 import { assertDuration } from './validate.js';
 import { validateSpec, validateSpecs } from './lifecycle/spec.js';
 import { launchInstance } from './lifecycle/attempt.js';
-import { holdExitOf, track } from './lifecycle/exits.js';
+import { holdExitOf } from './lifecycle/exits.js';
 import { FdReserve } from './lifecycle/fd-reserve.js';
 import type { LifecycleHost } from './lifecycle/host.js';
 import {
@@ -36,11 +36,14 @@ import {
   InstanceTable,
   pinnedOf,
   shownStatus,
+  type Life,
   type Quarantined,
   type Running,
 } from './lifecycle/instances.js';
 import { stopInstance } from './lifecycle/stop.js';
-import { probeHealth } from './lifecycle/health.js';
+import { adopt } from './lifecycle/adopted.js';
+import { disarm, newLife } from './lifecycle/ends.js';
+import { adoptResting, cancelRest, endedUnseen, relaunch, settleOwed } from './lifecycle/restart.js';
 
 export type {
   InstanceInfo,
@@ -118,6 +121,7 @@ export class Supervisor {
       withRoom: (undo) => this.#reserve.lend(undo, () => this.#closed),
       reap: () => this.#reap(),
       holdExitOf: (t: Running) => holdExitOf(this.#host, t),
+      relaunch: (id, record) => relaunch(this.#host, id, record),
     };
     this.#retry = new DeferredRetry({
       pending: () => [...this.#table.values()].some((t) => t.status === 'deferred'),
@@ -224,9 +228,11 @@ export class Supervisor {
         return true;
       },
       adopt: (m: Manifest, h: ProcessHandle, cg: InstanceCgroup | null) => {
-        track(this.#host, m, h, cg);
-        this.#keepAliveAdopted(m);
+        // The recorded policy and budget govern the run it adopts; specs[id] the runs after it.
+        adopt(this.#host, m, h, cg, this.#specOf(m.id));
       },
+      adoptResting: (m) => adoptResting(this.#host, m, this.#specOf(m.id)),
+      ended: (m) => endedUnseen(this.#host, m, this.#specOf(m.id)),
       quarantine: (id, m, reason, field) => this.#quarantine(id, m, reason, field),
       defer: (id, error) => this.#table.move(id, { status: 'deferred', error }),
       forget: (id) => {
@@ -242,21 +248,8 @@ export class Supervisor {
     return p;
   }
 
-  /** What keeps an adopted instance alive that its manifest cannot hold (functions): its health probe, from specs. */
-  #keepAliveAdopted(m: Manifest): void {
-    const t = this.#table.get(m.id);
-    if (t?.status !== 'running') return;
-    const spec = this.#options.specs?.[m.id];
-    const was = m.keepAlive;
-    if (spec?.health) probeHealth(this.#host, t, spec.health);
-    else if (was?.health) {
-      const message = `${m.id} was launched with a health probe; without its spec in open({ specs }) it is not probed`;
-      this.#emit('warning', { id: m.id, message });
-    }
-    if (was?.watchdogMs != null) {
-      const message = `${m.id}'s watchdog is not bound again after an agent restart: its notify socket went with the supervisor that launched it`;
-      this.#emit('warning', { id: m.id, message });
-    }
+  #specOf(id: string): LaunchSpec | null {
+    return this.#options.specs?.[id] ?? null;
   }
 
   #quarantine(id: string, manifest: Manifest | null, reason: string, field?: string): void {
@@ -296,8 +289,18 @@ export class Supervisor {
         'ERR_CUSTODY_BUSY',
         `instance ${spec.id} is being recovered; launch it once recover() is done`,
       );
+    // launch() of an id waiting for its restart carries its budget (and its Instance) on; of a failed one, or
+    // of any other, starts afresh.
+    const existing = this.#table.get(spec.id);
+    // A hook owed by its last end runs first, from this spec.
+    if (existing?.status === 'owed') await settleOwed(this.#host, spec.id, existing, spec);
+    let carried: Life | undefined;
+    if (existing?.status === 'backoff') {
+      disarm(existing);
+      carried = existing.life;
+    }
     // A launch whose abandon could not end everything leaves its id deferred.
-    return launchInstance(this.#host, spec).finally(() => this.#retry.poke());
+    return launchInstance(this.#host, spec, newLife(spec, carried)).finally(() => this.#retry.poke());
   }
 
   /**
@@ -316,6 +319,13 @@ export class Supervisor {
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
     if (t.status === 'deferred') throw new DeferredError(id, t.error);
     if (t.status === 'stopping' && t.done) return t.done;
+    // Nothing runs: a pending restart is cancelled, the state goes.
+    if (t.status === 'backoff' || t.status === 'failed') return this.#inFlight(cancelRest(this.#host, id, t, 'stop'));
+    if (t.status === 'owed')
+      throw new CustodyError(
+        'ERR_CUSTODY_NOT_FOUND',
+        `instance ${id} has exited; its afterExit is owed (no-spec): launch() or remove() it`,
+      );
     const graceMs = options.graceMs ?? 30_000;
     const cgroup = pinnedOf(t)?.cgroup;
     // ERR_CUSTODY_UNSAFE_PATH before anything is written or signalled: its cgroup is no longer one to act through.
@@ -369,13 +379,23 @@ export class Supervisor {
     return out;
   }
 
-  /** Forgets an instance that has exited (its state is already gone). Refuses a quarantined one. */
-  remove(id: string): void {
+  /**
+   * Forgets an instance that has exited (its state is already gone), or one waiting for its restart or failed
+   * (its pending restart is cancelled, its state removed; nothing runs, nothing is signalled). Refuses a
+   * quarantined one.
+   */
+  async remove(id: string): Promise<void> {
     this.#assertOpen();
     assertId(id);
     const t = this.#table.get(id);
     if (!t) throw notFound(id);
     if (t.status === 'quarantined') throw new QuarantinedError(id, t.reason);
+    if (t.status === 'backoff' || t.status === 'failed') {
+      await this.#inFlight(cancelRest(this.#host, id, t, 'remove'));
+      return;
+    }
+    // Its owed hook is not run: the operator's call.
+    if (t.status === 'owed') return this.#inFlight(settleOwed(this.#host, id, t, null));
     if (t.status !== 'exited')
       throw new CustodyError(
         'ERR_CUSTODY_BUSY',
@@ -444,6 +464,7 @@ export class Supervisor {
   /** The instance record of a running id. */
   get(id: string): Instance | undefined {
     const t = this.#table.get(id);
+    if (t?.status === 'backoff' || t?.status === 'failed') return t.life.view ?? undefined;
     return t ? pinnedOf(t)?.instance : undefined;
   }
 
@@ -529,6 +550,8 @@ export class Supervisor {
     }
     this.#reserve.release();
     for (const t of this.#table.values()) {
+      // Its manifest says backoff: the next open restarts it when it is due.
+      if (t.status === 'backoff') disarm(t);
       pinnedOf(t)?.handle.close();
       if (t.status === 'stopping') for (const m of t.members) m.close();
     }

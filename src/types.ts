@@ -76,6 +76,19 @@ export interface LastExit extends ExitStatus {
   result: ExitResult;
 }
 
+/** What LaunchSpec.afterExit is told of an end: whose run (its pid and token), how and why it ended. */
+export interface AfterExitEnd {
+  id: string;
+  /** The run's main process; null where a launch attempt ended before it had one. */
+  pid: number | null;
+  token: string;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  result: ExitResult;
+  /** Its restart policy restarts it once the hook has returned. */
+  restarting: boolean;
+}
+
 /**
  * The last output of a process that ended, each within the same byte bound (2 KiB): from its instance log,
  * a `{ file }` it was given, or a pipe. undefined where there is none to read (nothing written, 'ignore').

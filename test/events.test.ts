@@ -83,8 +83,10 @@ const REQUIRED: { [T in CustodyEventType]: Array<keyof CustodyEventOf<T>> } = {
   abandon: ['id', 'attempt', 'pids', 'error'],
   retry: ['id', 'attempt'],
   escalate: ['id', 'pid'],
-  stop: ['id', 'pid', 'outcome', 'escalated', 'code', 'signal', 'result'],
+  stop: ['id', 'outcome', 'escalated', 'code', 'signal', 'result'],
   exit: ['id', 'pid', 'code', 'signal', 'result'],
+  restart: ['id', 'attempt', 'delayMs', 'result'],
+  'gave-up': ['id', 'result', 'restarts'],
   warning: [],
   adopt: ['id', 'pid'],
   repair: ['id', 'pid', 'field'],
@@ -111,7 +113,7 @@ describe('event types', () => {
       if (e.type === 'stop') {
         expectTypeOf(e.outcome).toEqualTypeOf<StopResult['outcome']>();
         expectTypeOf(e.escalated).toEqualTypeOf<boolean>();
-        expectTypeOf(e.pid).toEqualTypeOf<number>();
+        expectTypeOf(e.pid).toEqualTypeOf<number | undefined>();
         seen.push(`stop ${e.outcome} ${e.escalated}`);
       } else if (e.type === 'exit') {
         expectTypeOf(e.code).toEqualTypeOf<ExitStatus['code']>();

@@ -191,7 +191,7 @@ describe(`Supervisor lifecycle (${backend.name})`, () => {
     const second = ctx.supervisor.stop('slow', { graceMs: 5 });
     expect(ctx.supervisor.list()).toMatchObject([{ id: 'slow', status: 'running', pid: inst.pid }]);
     expect(ctx.supervisor.get('slow')).toBe(inst);
-    expect(() => ctx.supervisor.remove('slow')).toThrow(expect.objectContaining({ code: 'ERR_CUSTODY_BUSY' }));
+    await expect(ctx.supervisor.remove('slow')).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY' });
     await expect(
       ctx.supervisor.launch({ id: 'slow', command: PYTHON, args: (t) => vmArgs(socket, t), ready: { socket } }),
     ).rejects.toMatchObject({ code: 'ERR_CUSTODY_BUSY', message: expect.stringMatching(/stopping/) });

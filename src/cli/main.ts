@@ -20,7 +20,7 @@ import {
 import { logsCommand } from './logs.js';
 import { errorLine } from './output.js';
 import { inspectCommand, sweepCommand } from './process.js';
-import { lsCommand, recoverCommand, releaseCommand, stopCommand } from './state.js';
+import { lsCommand, recoverCommand, releaseCommand, removeCommand, stopCommand } from './state.js';
 
 const COMMANDS: Command[] = [
   lsCommand,
@@ -29,6 +29,7 @@ const COMMANDS: Command[] = [
   stopCommand,
   recoverCommand,
   releaseCommand,
+  removeCommand,
   sweepCommand,
 ];
 

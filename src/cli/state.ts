@@ -47,10 +47,12 @@ export const lsCommand: Command = {
   name: 'ls',
   synopsis: 'ls [--state-dir DIR] [--json]',
   summary: 'instances in a state dir and what their processes verify as (read-only)',
-  description: `Lists every instance of a state dir with its recorded state and what its process
-verifies as now (ok, gone, reused, mismatch...), the quarantine reason where there is
-one, entries that hold no valid manifest, and files at the top that custody did not
-write. Read-only: no lock is taken and nothing is created or changed, so it also works
+  description: `Lists every instance of a state dir with its recorded state (backoff and failed
+for one its restart policy restarts), what its process verifies as now (ok, gone,
+reused, mismatch...), why its last run ended and its restarts where recorded, the
+quarantine reason or what it waits for (after-exit: a hook owed; no-spec: a restart
+that needs its spec) where there is one, entries that hold no valid manifest, and
+files at the top that custody did not write. Read-only: no lock is taken and nothing is created or changed, so it also works
 while a supervisor holds the dir. A dir that does not exist is an error.`,
   options: [STATE_DIR_OPTION, JSON_OPTION],
   async run(p) {
@@ -66,6 +68,9 @@ while a supervisor holds the dir. A dir that does not exist is an error.`,
           verdict: null,
           field: null,
           quarantine: null,
+          lastResult: null,
+          restarts: null,
+          waiting: null,
           command: null,
           error: entry.error.message,
         };
@@ -75,10 +80,15 @@ while a supervisor holds the dir. A dir that does not exist is an error.`,
       return {
         id: m.id,
         state: m.state,
-        pid: m.identity?.pid ?? null,
+        pid: m.identity?.pid ?? m.owed?.pid ?? null,
         verdict: v?.verdict ?? null,
         field: v?.field ?? null,
         quarantine: m.quarantine,
+        // Why its last run ended, where that is recorded (a restart policy's, or an end whose afterExit is owed).
+        lastResult: m.owed?.result ?? m.restart?.lastExit?.result ?? null,
+        restarts: m.restart?.restarts ?? null,
+        // What it waits for: its afterExit hook (owed), or the spec a restart needs (no-spec).
+        waiting: m.owed ? 'after-exit' : m.state === 'backoff' && m.waiting ? m.waiting : null,
         command: m.command,
         error: null,
       };
@@ -88,11 +98,12 @@ while a supervisor holds the dir. A dir that does not exist is an error.`,
       const rows = instances.map((i) => ({
         ...i,
         verdict: joined(i.verdict ?? undefined, i.field ?? undefined),
-        reason: i.error ?? joined(i.quarantine?.reason, i.quarantine?.field),
+        reason: i.error ?? joined(i.quarantine?.reason, i.quarantine?.field) ?? i.waiting,
+        last: i.lastResult,
       }));
       const lines = [
         formatLine(listing),
-        table(rows, ['id', 'state', 'pid', 'verdict', 'reason', 'command'], 'no instances'),
+        table(rows, ['id', 'state', 'pid', 'verdict', 'last', 'restarts', 'reason', 'command'], 'no instances'),
       ];
       if (listing.foreign.length) lines.push(`not custody's (left alone): ${shownArgv(listing.foreign)}`);
       return lines.join('\n');
@@ -181,6 +192,29 @@ Takes the dir's lock (refused while a supervisor holds it); never creates the di
         ? 'no instance is quarantined; nothing released'
         : released.map((r) => `released ${r.id}${r.pid ? ` (pid ${r.pid})` : ''}; nothing was signalled`).join('\n'),
     );
+    return 0;
+  },
+};
+
+export const removeCommand: Command = {
+  name: 'remove',
+  synopsis: 'remove ID [--state-dir DIR] [--json]',
+  summary: 'forget an instance that does not run: backoff (its restart cancelled), failed, or exited',
+  description: `Forgets the instance ID when nothing of it runs: one waiting for its restart (the
+restart is cancelled), one its restart policy gave up on (failed), or one that exited
+with its afterExit hook owed (the hook is not run: the operator's call). Its state is
+removed; nothing is signalled. A running instance is refused (stop it); so is a
+quarantined one (release it). Takes the dir's lock; never creates the dir. The CLI has
+no specs, so it never restarts an instance nor runs a hook.`,
+  options: [STATE_DIR_OPTION, JSON_OPTION],
+  async run(p) {
+    const id = idArg(p);
+    const status = await withSupervisor(p, async (s) => {
+      const was = s.list().find((i) => i.id === id)?.status ?? null;
+      await s.remove(id).catch(inCliTerms);
+      return was;
+    });
+    print(flag(p, 'json'), { id, status }, () => `removed ${id} (${status}); nothing was signalled`);
     return 0;
   },
 };

@@ -8,7 +8,14 @@
  */
 import { randomBytes } from 'node:crypto';
 import { backend } from '../backend/index.js';
-import { AbortError, CustodyError, DeferredError, InvalidArgError, QuarantinedError } from '../errors.js';
+import {
+  AbortError,
+  CustodyError,
+  DeferredError,
+  InvalidArgError,
+  LaunchExitedError,
+  QuarantinedError,
+} from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
 import { executableId, type ProcessHandle } from '../process/handle.js';
@@ -21,11 +28,13 @@ import {
   type QuarantinedManifest,
   type StartingManifest,
 } from '../state/manifest.js';
-import type { ProcessIdentity } from '../types.js';
+import type { LastExit, ProcessIdentity } from '../types.js';
 import { assertStringArray } from '../validate.js';
 import { track } from './exits.js';
 import type { LifecycleHost } from './host.js';
-import type { Starting } from './instances.js';
+import { afterExitOf, type Life, type Starting } from './instances.js';
+import { restartRecord } from './ends.js';
+import { resultOf } from '../process/exit.js';
 import { type Abandoned, abandon, type LeftProcess, targetInCgroup } from './abandon.js';
 import { confirm } from './confirm.js';
 import {
@@ -41,17 +50,18 @@ import {
 import { openNotify } from './notify-launch.js';
 import { waitReady } from './ready.js';
 import { settle } from './settle.js';
-import { removeState } from './stop.js';
+import { settleEnd } from './ends.js';
 import { probeHealth } from './health.js';
 import { watchWatchdog } from './watchdog.js';
 
 /** Launches `spec` (validated by the caller) under a `starting` record that owns its id until it runs or is undone. */
-export async function launchInstance(host: LifecycleHost, spec: LaunchSpec): Promise<Instance> {
+export async function launchInstance(host: LifecycleHost, spec: LaunchSpec, life?: Life): Promise<Instance> {
   const { id } = spec;
   const existing = host.table.get(id);
   if (existing?.status === 'quarantined') throw new QuarantinedError(id, existing.reason);
   if (existing?.status === 'deferred') throw new DeferredError(id, existing.error);
-  if (existing && existing.status !== 'exited') {
+  const over = ['exited', 'backoff', 'failed', 'owed'].includes(existing?.status ?? '');
+  if (existing && !over) {
     throw new CustodyError('ERR_CUSTODY_BUSY', `instance ${id} is already ${existing.status}`);
   }
   // A state dir moved or replaced since open would get a record nobody finds.
@@ -65,7 +75,7 @@ export async function launchInstance(host: LifecycleHost, spec: LaunchSpec): Pro
     for (let n = 1; n <= attempts; n++) {
       if (spec.signal?.aborted) throw new AbortError(spec.signal.reason);
       try {
-        return await attempt(host, spec, n);
+        return await attempt(host, spec, n, life);
       } catch (err) {
         lastError = err;
         // Deferred: an attempt not proven undone; its state waits for recover(), not for another attempt.
@@ -130,7 +140,7 @@ function definition(spec: LaunchSpec): Attempt {
 }
 
 /** The manifest written before anything is spawned: the attempt's definition, and what recovery needs besides. */
-function startingManifest(a: Attempt, spec: LaunchSpec): StartingManifest {
+function startingManifest(a: Attempt, spec: LaunchSpec, life: Life | undefined): StartingManifest {
   const now = new Date().toISOString();
   const { pidSpec } = a;
   return {
@@ -157,25 +167,33 @@ function startingManifest(a: Attempt, spec: LaunchSpec): StartingManifest {
     // What the agent needs of the launch after a restart: the log caps, the launcher's role.
     logs: spec.stdout === undefined || spec.stderr === undefined ? logCaps(spec.logs) : null,
     launcherExits: a.launcherExits,
-    ...(spec.health || spec.watchdogMs !== undefined
-      ? { keepAlive: { health: spec.health !== undefined, watchdogMs: spec.watchdogMs ?? null } }
+    ...(spec.health || spec.watchdogMs !== undefined || spec.afterExit
+      ? {
+          keepAlive: {
+            health: spec.health !== undefined,
+            watchdogMs: spec.watchdogMs ?? null,
+            ...(spec.afterExit ? { afterExit: true } : {}),
+          },
+        }
       : {}),
     ...(a.cgroup ? { cgroup: { path: a.cgroup.path, id: a.cgroup.id } } : {}),
+    ...(life ? { restart: restartRecord(life) } : {}),
   };
 }
 
-async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number): Promise<Instance> {
+async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number, life?: Life): Promise<Instance> {
   const a = definition(spec);
   // Stale paths of an earlier run would make readiness lie.
   removeDeclaredPaths(a.paths, host.emit, spec.id);
   // Before the manifest: a log dir that cannot be trusted fails the launch with nothing to undo.
   const logged = spec.stdout === undefined || spec.stderr === undefined;
-  const logs = host.logs.prepare(spec.id, logged ? spec.logs : false);
+  // A restart appends to the logs (only launch() rotates them): a crash loop keeps every crash's output.
+  const logs = host.logs.prepare(spec.id, logged ? spec.logs : false, !life?.relaunching);
   // The cgroup before the manifest that names it: a crash between the two leaves an empty cgroup, which recovery removes.
   a.cgroup = host.cgroups?.create(spec.id, a.token, spec.limits) ?? null;
   if (a.cgroup) host.launching.add(a.cgroup.path);
   try {
-    return await run(host, spec, attemptNo, a, logs);
+    return await run(host, spec, attemptNo, a, logs, life);
   } finally {
     if (a.cgroup) host.launching.delete(a.cgroup.path);
   }
@@ -195,9 +213,10 @@ async function run(
   attemptNo: number,
   a: Attempt,
   logs: ReturnType<InstanceLogs['prepare']>,
+  life: Life | undefined,
 ): Promise<Instance> {
   const { token, pidSpec } = a;
-  const manifest = startingManifest(a, spec);
+  const manifest = startingManifest(a, spec, life);
   // Written, and fsync'd, before anything is spawned: a supervisor killed
   // from here on leaves a record recovery can find the process by.
   try {
@@ -256,6 +275,7 @@ async function run(
       exited: confirmedTarget(a).exited,
       cgroup: cgroup?.path ?? null,
       lastExit: null,
+      restarts: life?.budget.restarts ?? 0,
     };
     if (spec.ready) {
       const alias = typeof spec.ready === 'object' ? spec.ready.timeoutMs : undefined;
@@ -288,7 +308,7 @@ async function run(
       child.close();
       if (a.cgroup && !cgroup) removeLauncherCgroup(host, spec.id, child, a.cgroup);
     }
-    const tracked = track(host, running, target, cgroup);
+    const tracked = track(host, running, target, cgroup, { life, afterExit: afterExitOf(spec) });
     const live = host.table.get(spec.id);
     if (spec.health && live?.status === 'running') probeHealth(host, live, spec.health);
     const notify = a.notify;
@@ -327,8 +347,17 @@ async function run(
       await quarantineLeft(host, manifest, undone.left, err);
       throw err;
     }
-    // State goes only now: every process of the attempt is proven gone.
-    await removeState(host, spec.id);
+    // State goes only now: every process of the attempt is proven gone. A restart's failed launch is one more
+    // end of the instance: its state says backoff or failed instead (a launch undone by close() is not counted).
+    const run = {
+      id: spec.id,
+      life: life?.relaunching ? life : undefined,
+      afterExit: afterExitOf(spec),
+      pid: a.target?.pid ?? a.child?.pid ?? null,
+      token: a.token,
+    };
+    const after = await settleEnd(host, run, failedLaunch(err), { count: !host.closed });
+    if (life?.relaunching) life.pending = after;
     host.emit('abandon', {
       id: spec.id,
       attempt: attemptNo,
@@ -390,6 +419,15 @@ function removeLauncherCgroup(host: LifecycleHost, id: string, launcher: Process
         message: `the launcher's cgroup ${cg.path} was not removed (${(err as Error).message}); what is left in it is not signalled`,
       });
     });
+}
+
+/** A failed launch as an end: the status it exited with where it did, else one that cannot be known. */
+function failedLaunch(err: unknown): LastExit {
+  if (err instanceof LaunchExitedError) {
+    const status = { code: err.exitCode, signal: err.signal };
+    return { ...status, result: resultOf(status) };
+  }
+  return { code: null, signal: null, result: 'unknown' };
 }
 
 /** The caps the manifest records: null where the launch's output does not go to custody's log files. */

@@ -19,7 +19,8 @@ import { removeDeclaredPaths } from '../state/paths.js';
 import type { Manifest } from '../state/manifest.js';
 import type { ExitStatus, OutputTails } from '../types.js';
 import type { LifecycleHost } from './host.js';
-import { persistStopping, type Exited, type Running } from './instances.js';
+import { type AfterExitHook, persistStopping, type Exited, type Life, type Running } from './instances.js';
+import { rest, settleEnd, viewOf } from './ends.js';
 import type { Instance } from './launch.js';
 import { terminateInstance } from './stop.js';
 
@@ -35,18 +36,22 @@ export function track(
   manifest: Manifest,
   handle: ProcessHandle,
   cgroup: InstanceCgroup | null,
+  { life, afterExit }: { life?: Life | undefined; afterExit?: AfterExitHook | undefined } = {},
 ): Instance {
   const identity = manifest.identity;
   if (!identity) throw new Error(`internal: ${manifest.id} is tracked without a recorded identity`);
-  const instance: Instance = {
+  const fresh: Instance = {
     id: manifest.id,
     pid: handle.pid,
     token: manifest.token,
     identity,
-    exited: awaitedExit(handle),
+    exited: life ? life.exited : awaitedExit(handle),
     cgroup: cgroup?.path ?? null,
     lastExit: null,
+    restarts: 0,
   };
+  // With a restart policy, the one Instance the agent holds follows each run.
+  const instance = life ? viewOf(life, fresh) : fresh;
   const running: Running = {
     status: 'running',
     instance,
@@ -55,11 +60,13 @@ export function track(
     session: manifest.session ?? null,
     paths: manifest.paths.length ? manifest.paths : NO_PATHS,
     logFiles: manifest.logs === null ? null : logPaths(host.logs.stateDir, manifest.id),
+    ...(life ? { life } : {}),
+    ...(afterExit ? { afterExit } : {}),
   };
   host.table.move(manifest.id, running);
   if (!holdsLoop(host.options)) handle.unref();
   // Bound rather than a closure: one small object per instance, no context.
-  void handle.exited.then(onExit.bind(null, host, instance));
+  void handle.exited.then(onExit.bind(null, host, instance, handle));
   holdExitOf(host, running);
   void host.logs.watch(manifest.id, manifest.logs);
   return instance;
@@ -102,13 +109,13 @@ async function onGone(host: LifecycleHost, t: Running): Promise<void> {
   }
 }
 
-function onExit(host: LifecycleHost, instance: Instance, status: ExitStatus): void {
+function onExit(host: LifecycleHost, instance: Instance, handle: ProcessHandle, status: ExitStatus): void {
   const { id } = instance;
   const t = host.table.get(id);
-  // A stop in flight, or a later launch of the id, owns what happens now.
-  if (t?.status !== 'running' || t.instance !== instance || host.closed) return;
+  // A stop in flight, or a later launch (or restart) of the id, owns what happens now.
+  if (t?.status !== 'running' || t.instance !== instance || t.handle !== handle || host.closed) return;
   host.logs.unwatch(id);
-  const { handle, cgroup, session, paths } = t;
+  const { cgroup, session, paths, life, afterExit } = t;
   const exited: Exited = {
     status: 'exited',
     instance,
@@ -118,6 +125,8 @@ function onExit(host: LifecycleHost, instance: Instance, status: ExitStatus): vo
     paths,
     exit: status,
     cleanup: Promise.resolve(),
+    ...(life ? { life } : {}),
+    ...(afterExit ? { afterExit } : {}),
   };
   host.table.move(id, exited);
   // Read before the cleanup removes the cgroup: an OOM kill is counted there, not in the status.
@@ -170,7 +179,11 @@ function cleanUpAfter(host: LifecycleHost, t: Exited, leftovers: ProcessHandle[]
   return host
     .inFlight(
       (async () => {
-        if (t.cgroup ? t.cgroup.populated() : leftovers.length > 0) persisted = await persistStopping(host.store, id);
+        // After the exit event: what follows may write (and fsync) the state on this thread.
+        await Promise.resolve();
+        const end = t.instance.lastExit ?? { ...t.exit, result: resultOf(t.exit) };
+        if (t.cgroup ? t.cgroup.populated() : leftovers.length > 0)
+          persisted = await persistStopping(host.store, id, end.result);
         if (t.cgroup) {
           const { leftovers: killed } = await terminateInstance(host, t, 0, undefined);
           if (killed?.length) {
@@ -182,7 +195,10 @@ function cleanUpAfter(host: LifecycleHost, t: Exited, leftovers: ProcessHandle[]
           pinned = [];
           await endLeftovers(host, t, leftovers);
         }
-        await host.store.remove(id);
+        // Its state goes, or says backoff where its policy restarts it; the restart is armed only now.
+        const run = { id, life: t.life, afterExit: t.afterExit, pid: t.handle.pid, token: t.instance.token };
+        const after = await settleEnd(host, run, end);
+        if (after && t.life) rest(host, id, t, after, t.life);
       })(),
     )
     .catch((err: unknown) => {

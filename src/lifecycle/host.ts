@@ -9,7 +9,7 @@ import type { CgroupRoot } from '../process/cgroup.js';
 import type { SupervisorOptions } from '../options.js';
 import type { InstanceLogs } from '../state/logs.js';
 import type { StateStore } from '../state/store.js';
-import type { InstanceTable, Running } from './instances.js';
+import type { Backoff, InstanceTable, Running } from './instances.js';
 import type { NotifyChannel } from './notify.js';
 
 export interface LifecycleHost {
@@ -35,4 +35,6 @@ export interface LifecycleHost {
   reap(): void;
   /** Watches a running instance's held exit again (src/lifecycle/exits.ts), after a stop that never began. */
   holdExitOf(t: Running): void;
+  /** A backoff's restart is due: launch it again (src/lifecycle/restart.ts). */
+  relaunch(id: string, record: Backoff): void;
 }

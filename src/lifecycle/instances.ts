@@ -24,8 +24,48 @@ import type { InstanceStatus, InstanceStopResult, InstanceSummary } from '../opt
 import { IncompleteInstanceError, type Manifest, type StoppingManifest } from '../state/manifest.js';
 import type { LogFiles } from '../state/logs.js';
 import type { StateStore } from '../state/store.js';
-import type { ExitResult, ExitStatus } from '../types.js';
-import type { Instance } from './launch.js';
+import type { AfterExitEnd, ExitResult, ExitStatus, LastExit } from '../types.js';
+import type { Instance, LaunchSpec } from './launch.js';
+import type { RestartBudget, RestartPolicy } from './restart-policy.js';
+
+/** A spec's afterExit hook, with its timeout settled. */
+export interface AfterExitHook {
+  run: (end: AfterExitEnd) => unknown;
+  timeoutMs: number;
+}
+
+/** The afterExit hook of a spec, where it has one. */
+export function afterExitOf(spec: LaunchSpec | null | undefined): AfterExitHook | undefined {
+  return spec?.afterExit ? { run: spec.afterExit, timeoutMs: spec.afterExitTimeoutMs ?? 10_000 } : undefined;
+}
+
+/** How a run's end leaves an instance with a restart policy: waiting for its restart, or given up. */
+export type Rest = { kind: 'backoff'; delayMs: number } | { kind: 'failed' };
+
+/**
+ * What outlives one run of an instance with a restart policy: the spec it is
+ * launched from again, the budget it has used, and the Instance the agent
+ * holds, whose pid, token, identity and cgroup follow the current run and
+ * whose `exited` settles once, at stop() or when it gives up.
+ */
+export interface Life {
+  /** null where a recovered instance had no spec in open({ specs }): it waits for launch(). */
+  spec: LaunchSpec | null;
+  policy: RestartPolicy;
+  budget: RestartBudget;
+  /** The Instance handed out; null until a run of it is tracked in this supervisor. */
+  view: Instance | null;
+  /** When the current run was recorded running (ms since the epoch); 0 where it is not known. */
+  runningSince: number;
+  lastExit: LastExit | null;
+  /** Settles `view.exited` (and `exited` before there is a view). */
+  settle: (s: ExitStatus) => void;
+  exited: Promise<ExitStatus>;
+  /** A restart's launch is in flight: its failure is one more end, not the caller's error. */
+  relaunching: boolean;
+  /** What such a failed launch left the instance as, for the restart to move it there once the launch is over. */
+  pending?: Rest | null;
+}
 
 /** A process custody pinned, confirmed and recorded. */
 export interface Pinned {
@@ -37,11 +77,40 @@ export interface Pinned {
   session: number | null;
   /** Declared paths, removed once it is proven gone. */
   paths: readonly string[];
+  /** Its restart policy's life, where it has one. */
+  life?: Life;
+  /** Its afterExit hook, where it has one. */
+  afterExit?: AfterExitHook;
 }
 
 /** A launch in flight: its attempts own the id until it runs or is undone. */
 export interface Starting {
   status: 'starting';
+}
+
+/** Ended, every process of it proven gone; its restart is due at `dueAt` (or waits for launch(): `no-spec`). */
+export interface Backoff {
+  status: 'backoff';
+  life: Life;
+  /** ms since the epoch; null while it waits for launch(). */
+  dueAt: number | null;
+  timer: NodeJS.Timeout | null;
+}
+
+/** Ended more often than its limit allows: kept, with its last end, until launch() or remove(). */
+export interface Failed {
+  status: 'failed';
+  life: Life;
+}
+
+/**
+ * Ended while no supervisor ran (or during its afterExit), and the hook it owes has no spec to run from: its
+ * state waits, shown as `exited` (reason `no-spec`), until launch() (which runs the hook from its spec) or
+ * remove().
+ */
+export interface Owed {
+  status: 'owed';
+  end: AfterExitEnd;
 }
 
 export interface Running extends Pinned {
@@ -97,7 +166,7 @@ export interface Deferred {
   error: Error;
 }
 
-export type Tracked = Starting | Running | Exited | Stopping | Quarantined | Deferred;
+export type Tracked = Starting | Running | Exited | Stopping | Quarantined | Deferred | Backoff | Failed | Owed;
 export type TrackedStatus = Tracked['status'];
 /** Not in the table: never launched, or proven gone and forgotten. */
 export type Untracked = 'untracked';
@@ -107,21 +176,30 @@ export type Untracked = 'untracked';
  * backoff, work after an exit) are new rows here and new records above.
  */
 export const MOVES: { readonly [S in TrackedStatus | Untracked]: readonly (TrackedStatus | Untracked)[] } = {
-  // launch(); recovery's adopt, quarantine, deferral.
-  untracked: ['starting', 'running', 'quarantined', 'deferred'],
+  // launch(); recovery's adopt, quarantine, deferral; a backoff or failed manifest recovered, or a restart's
+  // launch that failed (its end is counted).
+  untracked: ['starting', 'running', 'quarantined', 'deferred', 'backoff', 'failed', 'owed'],
   // Confirmed and recorded; an abandon that could not prove the attempt undone; one that left a process
   // running it would not signal (abandon-left); undone.
   starting: ['running', 'deferred', 'quarantined', 'untracked'],
   // Exited on its own; a stop began.
   running: ['exited', 'stopping'],
-  // Stopped (joins its cleanup), its cleanup failed halfway, remove(), a relaunch.
-  exited: ['stopping', 'untracked'],
-  // A stop resumed or failed; proven gone; a stop that had not begun (nothing persisted, nothing signalled).
-  stopping: ['stopping', 'untracked', 'running', 'exited'],
+  // Stopped (joins its cleanup), its cleanup failed halfway, remove(), a relaunch; cleaned up, its policy
+  // restarts it or gives up.
+  exited: ['stopping', 'untracked', 'backoff', 'failed'],
+  // A stop resumed or failed; proven gone; a stop that had not begun (nothing persisted, nothing signalled);
+  // custody's own stop (health, watchdog) done, its policy restarts it or gives up.
+  stopping: ['stopping', 'untracked', 'running', 'exited', 'backoff', 'failed'],
   // release().
   quarantined: ['untracked'],
   // A later recover() decided it, or its state is gone.
-  deferred: ['running', 'quarantined', 'deferred', 'untracked'],
+  deferred: ['running', 'quarantined', 'deferred', 'untracked', 'backoff', 'failed', 'owed'],
+  // Its restart is launched (a launch() of the id carries the budget on); stop() or remove().
+  backoff: ['untracked'],
+  // launch() starts it afresh; remove().
+  failed: ['untracked'],
+  // launch() (its hook run first), remove().
+  owed: ['untracked'],
 };
 
 /** Whether `from` may become `to`: its row in MOVES, and a stop that has begun is never undone. */
@@ -196,6 +274,7 @@ export function pinnedOf(t: Tracked): Running | Exited | null {
 
 /** The status list() shows: a first stop in flight shows what it stops; one that failed halfway shows `stopping`. */
 export function shownStatus(t: Tracked): InstanceStatus {
+  if (t.status === 'owed') return 'exited';
   if (t.status !== 'stopping') return t.status;
   return t.failed ? 'stopping' : t.from.status;
 }
@@ -205,7 +284,7 @@ export function shownStatus(t: Tracked): InstanceStatus {
  * first signal. false where there is no manifest left to rewrite (an exited
  * instance whose cleanup already removed it): nothing is left to stop then.
  */
-export async function persistStopping(store: StateStore, id: string): Promise<boolean> {
+export async function persistStopping(store: StateStore, id: string, why: ExitResult): Promise<boolean> {
   let m: Manifest;
   try {
     m = store.read(id);
@@ -216,6 +295,8 @@ export async function persistStopping(store: StateStore, id: string): Promise<bo
     throw err;
   }
   if (m.state === 'stopping') return true;
+  // Its run ended and was cleaned up meanwhile (its policy restarts it): nothing of it is left to signal.
+  if (m.state === 'backoff' || m.state === 'failed') return false;
   if (!m.identity) throw new Error(`internal: ${id} is stopped without a recorded identity`);
   const now = new Date().toISOString();
   const stopping: StoppingManifest = {
@@ -224,6 +305,7 @@ export async function persistStopping(store: StateStore, id: string): Promise<bo
     identity: m.identity,
     quarantine: null,
     stoppingSince: now,
+    stoppingFor: why,
     updatedAt: now,
   };
   await store.write(stopping, { sync: true });
@@ -248,6 +330,17 @@ export function describeTracked(
     if (reason !== undefined) out.reason = reason;
     return out;
   }
+  if (t.status === 'owed') {
+    const { pid, code, signal, result } = t.end;
+    return { id, status, pid, ppid: null, reason: 'no-spec', exit: { code, signal, result } };
+  }
+  if (t.status === 'backoff' || t.status === 'failed') {
+    const { life } = t;
+    const out: InstanceSummary = { id, status, pid: null, ppid: null, restarts: life.budget.restarts };
+    if (life.lastExit) out.exit = life.lastExit;
+    if (t.status === 'backoff' && t.dueAt === null) out.reason = 'no-spec';
+    return out;
+  }
   if (t.status === 'stopping' && t.failed) {
     const out: InstanceSummary = { id, status, pid: t.from.handle.pid, ppid: null };
     const reason = (t.failed as NodeJS.ErrnoException).code;
@@ -264,5 +357,6 @@ export function describeTracked(
   const out: InstanceSummary = { id, status, pid: handle.pid, ppid };
   if (p.status === 'exited') out.exit = p.instance.lastExit ?? { ...p.exit, result: resultOf(p.exit) };
   if (p.cgroup) out.cgroup = p.cgroup.path;
+  if (p.life) out.restarts = p.life.budget.restarts;
   return out;
 }

@@ -23,8 +23,9 @@ import type { NotifyChannel } from './notify.js';
 import { TOKEN_VAR, type Claim, type DevIno, type TokenMode } from '../process/ownership.js';
 import { UNKNOWN_EXIT } from '../process/signals.js';
 import { backoff, TIMED_OUT, within } from '../timing.js';
-import type { ExitStatus, LastExit, ProcessIdentity } from '../types.js';
+import type { AfterExitEnd, ExitStatus, LastExit, ProcessIdentity } from '../types.js';
 import { describe, pidMax } from '../validate.js';
+import type { RestartOptions } from './restart-policy.js';
 
 export interface Instance {
   id: string;
@@ -33,7 +34,11 @@ export interface Instance {
   token: string;
   /** Recorded from the inspection that confirmed exec. */
   identity: ProcessIdentity;
-  /** Settles once the process has exited; code and signal are null where the kernel cannot say. */
+  /**
+   * Settles once the process has exited; code and signal are null where the kernel cannot say. With a restart
+   * policy it settles once the instance ends for good: at stop(), when it gives up (`failed`), or at an end
+   * its policy does not restart.
+   */
   exited: Promise<ExitStatus>;
   /**
    * The instance's cgroup (absolute path), where the supervisor has a cgroup
@@ -43,6 +48,8 @@ export interface Instance {
   cgroup: string | null;
   /** Its last end and why (systemd's Result=), once it has ended (on its own, or by stop()); null before. */
   lastExit: LastExit | null;
+  /** The restarts its policy made since launch() (carried on across agent restarts); 0 without a policy. */
+  restarts: number;
 }
 
 /** A liveness probe after readiness (src/lifecycle/health.ts). */
@@ -110,6 +117,21 @@ export interface LaunchSpec {
    * again. Its end says `result: 'watchdog'`.
    */
   watchdogMs?: number;
+  /**
+   * Restart it when it ends (systemd's Restart=): which ends restart it, the delay (doubling to maxDelayMs), the
+   * limit past which it is `failed`, and the exit codes that are clean. A restart is a whole launch, begun once
+   * every process of the old run is proven gone and its paths removed; stop() never leads to one.
+   */
+  restart?: RestartOptions;
+  /**
+   * Runs once per end of the instance or of a launch attempt (an exit, a stop, an abandon), after every process
+   * of it is proven gone and before its state is removed (a TAP device, an IP lease, a jailer's chroot to
+   * release). Recorded as owed before it runs: an agent that dies before it returns runs it again at recovery
+   * (from open({ specs })), so it must be idempotent. A throw or a timeout is a warning; it never blocks the end.
+   */
+  afterExit?: (end: AfterExitEnd) => unknown;
+  /** How long afterExit may take. Default 10 000. */
+  afterExitTimeoutMs?: number;
   /**
    * Where the pid comes from: the child (default), a pidfile, or a function.
    * With a pidfile custody follows systemd's Type=forking: it waits (within

@@ -18,6 +18,7 @@ import {
   assertStringArray,
 } from '../validate.js';
 import { validateHealth } from './health.js';
+import { validateRestart } from './restart-policy.js';
 import type { LaunchSpec, SocketReady } from './launch.js';
 
 const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
@@ -30,6 +31,9 @@ const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
   ready: true,
   health: true,
   watchdogMs: true,
+  restart: true,
+  afterExit: true,
+  afterExitTimeoutMs: true,
   pid: true,
   launcherExits: true,
   paths: true,
@@ -144,6 +148,10 @@ export function validateSpec(spec: LaunchSpec): void {
     }
   }
   validateHealth(spec.health);
+  validateRestart(spec.restart);
+  if (spec.afterExit !== undefined && typeof spec.afterExit !== 'function')
+    throw new InvalidArgError('afterExit must be a function');
+  if (spec.afterExitTimeoutMs !== undefined) assertDuration(spec.afterExitTimeoutMs, 'afterExitTimeoutMs');
   if (spec.watchdogMs !== undefined) {
     assertDuration(spec.watchdogMs, 'watchdogMs');
     if (spec.watchdogMs < 1) throw new InvalidArgError('watchdogMs must be at least 1 ms');

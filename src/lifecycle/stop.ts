@@ -29,6 +29,7 @@ import type { ExitResult, LastExit } from '../types.js';
 import { removeDeclaredPaths } from '../state/paths.js';
 import { TIMED_OUT, within } from '../timing.js';
 import { callHook } from './hooks.js';
+import { rest, type RunEnd, settleEnd } from './ends.js';
 import type { LifecycleHost } from './host.js';
 import { persistStopping, type Exited, type Pinned, type Running, type Stopping } from './instances.js';
 
@@ -89,7 +90,7 @@ async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Prom
   if (t.status === 'exited') await t.cleanup;
   if (!s.persisted) {
     // Its state is gone already (the exit's cleanup removed it): nothing is left to signal.
-    s.persisted = await persistStopping(host.store, t.instance.id);
+    s.persisted = await persistStopping(host.store, t.instance.id, options.why ?? 'stopped');
   }
   // Before the first signal: the members that prove its session once the main is gone.
   if (!t.cgroup && options.tree !== false && !h.hasExited) pinMembers(s);
@@ -100,17 +101,27 @@ async function run(host: LifecycleHost, s: Stopping, options: StopRequest): Prom
     if (!(err instanceof AbortError)) throw err;
     await force(host, s, options);
     if (t.cgroup) await removeCgroup(t.cgroup, host.emit, t.instance.id);
-    await removeState(host, t.instance.id);
     const killed: StopResult = { outcome: 'exited', escalated: true, code: null, signal: 'SIGKILL' };
+    await settleEnd(host, runOf(t), endOf(s, killed, 'stopped'), { restart: false });
     stopped(host, s, killed, 'stop aborted: ended with SIGKILL; state removed');
     throw err;
   }
-  // Proven gone (populated 0, or every pin's exit seen): the cgroup goes, then the state.
+  // Proven gone (populated 0, or every pin's exit seen): the cgroup goes, then the state (or, for custody's
+  // own stop of an instance its policy restarts, the state says backoff).
   if (t.cgroup) await removeCgroup(t.cgroup, host.emit, t.instance.id);
-  await removeState(host, t.instance.id);
+  const why = options.why ?? 'stopped';
+  const after = await settleEnd(host, runOf(t), endOf(s, result, why), { restart: !!options.why });
   const how = `${result.outcome}${result.escalated ? ', after SIGKILL' : ''}`;
-  const why = options.why ? ` for ${options.why}` : '';
-  return stopped(host, s, result, `stopped${why} (${how}); state removed`, options.why);
+  const said = options.why ? ` for ${options.why}` : '';
+  const r = stopped(host, s, result, `stopped${said} (${how}); ${after ? after.kind : 'state removed'}`, why);
+  // Its paths are gone with it (stopped): the restart may be armed.
+  if (after && t.life) rest(host, t.instance.id, undefined, after, t.life);
+  return r;
+}
+
+/** The run a stop ends, as its end is settled. */
+function runOf(t: Running | Exited): RunEnd {
+  return { id: t.instance.id, life: t.life, afterExit: t.afterExit, pid: t.handle.pid, token: t.instance.token };
 }
 
 /**
@@ -337,20 +348,4 @@ function stopped(
   host.table.moveFrom(id, s, undefined);
   host.emit('stop', { id, pid: t.handle.pid, ...result, message });
   return result;
-}
-
-/**
- * State of a process proven gone. A removal that fails (EIO, EROFS) does
- * not undo that proof: a warning, and recovery cleans the manifest later.
- */
-export async function removeState(host: LifecycleHost, id: string): Promise<void> {
-  try {
-    await host.store.remove(id);
-  } catch (err) {
-    const why = (err as Error).message;
-    host.emit('warning', {
-      id,
-      message: `${id} is gone, but its state could not be removed (recovery will clean it): ${why}`,
-    });
-  }
 }

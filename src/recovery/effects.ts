@@ -12,7 +12,13 @@ import type { ProcessHandle } from '../process/handle.js';
 import { isMember } from '../process/ownership.js';
 import { terminateCgroup } from '../process/tree.js';
 import { removeDeclaredPaths } from '../state/paths.js';
-import type { Manifest, QuarantinedManifest, RunningManifest } from '../state/manifest.js';
+import type {
+  BackoffManifest,
+  FailedManifest,
+  Manifest,
+  QuarantinedManifest,
+  RunningManifest,
+} from '../state/manifest.js';
 import type { StateStore } from '../state/store.js';
 import { decideFailure, type Outcome, type Platform } from './decide.js';
 import { pin } from './pins.js';
@@ -88,6 +94,21 @@ export class RecoveryEffects {
     // Whatever is left in its cgroup is provably the instance's, which is over: ended first, then the cgroup goes.
     if (cg instanceof InstanceCgroup) await this.#endCgroup(m, cg, o.graceMs);
     removeDeclaredPaths(m.paths, this.emit, m.id);
+    // A run that ended while no one watched is an end like any other: its policy may restart it.
+    const owes = m.restart || m.owed || m.keepAlive?.afterExit;
+    const settled = owes && o.reason !== 'incomplete' ? await this.host.ended(m) : null;
+    if (settled === 'waiting') {
+      // A hook owed with no spec to run it: the state waits, shown exited (no-spec).
+      this.report.adopted.push({ id: m.id, ...(pid ? { pid } : {}), reason: 'no-spec' });
+      return;
+    }
+    if (settled === 'settled') {
+      const entry: RecoveryEntry = { id: m.id, ...(pid ? { pid } : {}), reason: o.reason };
+      this.host.forget(m.id);
+      this.report.cleaned.push(entry);
+      this.emit('clean', { ...entry, message: cleanedMessage(m.id, o.reason) });
+      return;
+    }
     while (this.#removing.size >= REMOVALS_IN_FLIGHT) await Promise.race(this.#removing);
     this.#unsynced = true;
     const removal: Promise<void> = this.store
@@ -118,6 +139,12 @@ export class RecoveryEffects {
     }
     if (o.do === 'defer') return this.defer(m.id, o.error);
     throw new Error(`recovery of ${m.id} cannot ${o.do} here`);
+  }
+
+  /** A backoff or failed manifest: adopted with that status (nothing runs, nothing to prove). */
+  adoptResting(m: BackoffManifest | FailedManifest): void {
+    this.host.adoptResting(m);
+    this.report.adopted.push({ id: m.id, reason: m.state });
   }
 
   adopt(m: RunningManifest, handle: ProcessHandle, cg: InstanceCgroup | null, reason?: string): void {

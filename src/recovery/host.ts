@@ -7,7 +7,7 @@
 import type { Emit } from '../events.js';
 import type { CgroupRoot, InstanceCgroup } from '../process/cgroup.js';
 import type { ProcessHandle } from '../process/handle.js';
-import type { Manifest, RunningManifest } from '../state/manifest.js';
+import type { BackoffManifest, FailedManifest, Manifest, RunningManifest } from '../state/manifest.js';
 import type { StateStore } from '../state/store.js';
 
 export interface RecoveryEntry {
@@ -43,4 +43,13 @@ export interface RecoveryHost {
   defer(id: string, error: Error): void;
   /** Recovery cleaned this id's state (or found none of custody's): a deferral of it is over. */
   forget(id: string): void;
+  /** A backoff or failed manifest: no process, nothing to prove; the supervisor takes it on with that status. */
+  adoptResting(manifest: BackoffManifest | FailedManifest): void;
+  /**
+   * The run of an instance is over (its process gone, or a stop of it finished) and its state is about to go:
+   * where its end owes more (an afterExit hook, a restart), the supervisor settles it instead: `settled` (its
+   * state removed, or kept as backoff or failed), `waiting` (a hook owed with no spec: kept, shown exited);
+   * null: nothing more, the state goes as any other's.
+   */
+  ended(manifest: Manifest): Promise<'settled' | 'waiting' | null>;
 }

@@ -74,6 +74,7 @@ async function recoverOne(
   launches: InterruptedLaunches,
   m: Manifest,
 ): Promise<void> {
+  if (m.state === 'backoff' || m.state === 'failed') return fx.adoptResting(m);
   const o = decideManifest(m, fx.platform);
   if (o.do === 'quarantine') {
     await fx.quarantine(m.id, m, o);

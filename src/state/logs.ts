@@ -392,7 +392,7 @@ export class InstanceLogs {
    * false`). The previous run's files become `.1`, so every attempt's
    * stderr tail is its own.
    */
-  prepare(id: string, options: LogOptions | false | undefined): LogFiles | null {
+  prepare(id: string, options: LogOptions | false | undefined, rotate = true): LogFiles | null {
     if (options === false) {
       this.#limits.set(id, null);
       return null;
@@ -401,8 +401,10 @@ export class InstanceLogs {
     const files = logPaths(this.stateDir, id);
     privateDir(join(this.stateDir, LOGS_DIR));
     privateDir(files.dir);
-    rotateByRename(files.stdout, limits.keep);
-    rotateByRename(files.stderr, limits.keep);
+    if (rotate) {
+      rotateByRename(files.stdout, limits.keep);
+      rotateByRename(files.stderr, limits.keep);
+    }
     this.#limits.set(id, limits);
     this.#maybePrune(id);
     return files;

@@ -5,7 +5,8 @@
  * recovery) does not pull in the store's file system work and its events.
  */
 import { BadManifestError, InvalidArgError } from '../errors.js';
-import type { ProcessIdentity } from '../types.js';
+import type { AfterExitEnd, ExitResult, LastExit, ProcessIdentity } from '../types.js';
+import { type RestartBudget, type RestartPolicy, restartRecordProblem } from '../lifecycle/restart-policy.js';
 import { pidMax } from '../validate.js';
 
 /**
@@ -20,7 +21,14 @@ const READABLE_VERSIONS: readonly unknown[] = [1, 2, MANIFEST_VERSION];
 export const MANIFEST = 'manifest.json';
 export const MAX_MANIFEST_BYTES = 1 << 20;
 
-export type ManifestState = 'starting' | 'running' | 'stopping' | 'quarantined';
+export type ManifestState = 'starting' | 'running' | 'stopping' | 'quarantined' | 'backoff' | 'failed';
+
+/** An instance's restart policy and the budget it has used, carried by each of its manifests. */
+export interface ManifestRestart extends RestartBudget {
+  policy: RestartPolicy;
+  /** Its last end, once it has ended. */
+  lastExit: LastExit | null;
+}
 
 /** What every manifest carries, whatever its state. */
 interface ManifestFields {
@@ -67,7 +75,14 @@ interface ManifestFields {
   /** A pidfile launch whose launcher stays (pid: { file }, launcherExits: false). Absent before version 3. */
   launcherExits?: boolean;
   /** What keeps it alive that a restarted agent must hand back (open({ specs })): absent where there is none. */
-  keepAlive?: { health: boolean; watchdogMs: number | null };
+  keepAlive?: { health: boolean; watchdogMs: number | null; afterExit?: boolean };
+  /**
+   * An end whose afterExit hook has not returned yet: written before the hook runs, gone with the state the
+   * end leaves. A supervisor that finds it runs the hook again (from open({ specs })).
+   */
+  owed?: AfterExitEnd;
+  /** Its restart policy and budget: absent where it is never restarted. */
+  restart?: ManifestRestart;
 }
 
 /**
@@ -99,6 +114,12 @@ export interface StoppingManifest extends ManifestFields {
   quarantine: null;
   /** When the stop began. */
   stoppingSince: string;
+  /**
+   * Why: `stopped` (stop()), `health` or `watchdog` (custody's own stop), or the result of an exit whose
+   * leftovers are being ended. Recovery that finishes it restarts by it where the policy says so. Absent
+   * before it was recorded: `stopped`.
+   */
+  stoppingFor?: ExitResult;
 }
 
 /**
@@ -125,8 +146,37 @@ export interface QuarantinedManifest extends ManifestFields {
   quarantine: Quarantine;
 }
 
+/**
+ * Ended, and waiting for its restart: written (fsync'd) once every process of the ended run is proven gone and
+ * its paths removed, in place of removing its state. No identity: no process is its.
+ */
+export interface BackoffManifest extends ManifestFields {
+  state: 'backoff';
+  identity: null;
+  quarantine: null;
+  restart: ManifestRestart;
+  /** When the restart is due. */
+  restartAt: string;
+  /** Set where a supervisor that recovered it had no spec to launch it from: it waits for launch(). */
+  waiting?: 'no-spec';
+}
+
+/** Ended more often than its limit allows: kept with its last end until launch() or remove(). */
+export interface FailedManifest extends ManifestFields {
+  state: 'failed';
+  identity: null;
+  quarantine: null;
+  restart: ManifestRestart;
+}
+
 /** One instance's record; narrow on `state` for the fields that state has. */
-export type Manifest = StartingManifest | RunningManifest | StoppingManifest | QuarantinedManifest;
+export type Manifest =
+  | StartingManifest
+  | RunningManifest
+  | StoppingManifest
+  | QuarantinedManifest
+  | BackoffManifest
+  | FailedManifest;
 
 /** No leading dot: a dot-name is hidden from ls and could be `.` or `..`. */
 const ID_RE = /^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$/;
@@ -184,6 +234,25 @@ function identityProblem(v: unknown): string | null {
   return null;
 }
 
+const RESULTS: readonly unknown[] = [
+  'success',
+  'exit-code',
+  'signal',
+  'core-dump',
+  'oom-kill',
+  'health',
+  'watchdog',
+  'stopped',
+  'unknown',
+];
+
+function isLastExit(v: unknown): v is LastExit {
+  if (!isObj(v) || !RESULTS.includes(v.result)) return false;
+  const codeOk = v.code === null || (isInt(v.code, 0) && (v.code as number) <= 255);
+  const signalOk = v.signal === null || (typeof v.signal === 'string' && /^SIG[A-Z0-9+-]{1,12}$/.test(v.signal));
+  return codeOk && signalOk && (v.coreDumped === undefined || v.coreDumped === true);
+}
+
 /** Decodes manifest text (version 1 or 2); throws BadManifestError naming what is wrong. Never trusts a field it has not checked. */
 export function decodeManifest(text: string, path: string, expectedId?: string): Manifest {
   let v: unknown;
@@ -202,7 +271,7 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   if (typeof v.token !== 'string' || !/^[0-9a-f]{32}$/.test(v.token)) throw bad('token is not 32 hex digits');
   const states =
     v.version === MANIFEST_VERSION
-      ? ['starting', 'running', 'stopping', 'quarantined']
+      ? ['starting', 'running', 'stopping', 'quarantined', 'backoff', 'failed']
       : ['starting', 'running', 'quarantined'];
   if (!states.includes(v.state as string)) throw bad(`unknown state ${JSON.stringify(v.state)}`);
   if (typeof v.command !== 'string' || v.command === '') throw bad('command is malformed');
@@ -251,10 +320,38 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     const k = v.keepAlive;
     if (!(isObj(k) && typeof k.health === 'boolean' && (k.watchdogMs === null || isInt(k.watchdogMs, 1))))
       throw bad('keepAlive is malformed');
+    if (k.afterExit !== undefined && typeof k.afterExit !== 'boolean') throw bad('keepAlive is malformed');
   }
+  if (v.owed !== undefined) {
+    const o = v.owed;
+    const ok =
+      isObj(o) &&
+      o.id === v.id &&
+      (o.pid === null || (isInt(o.pid, 1) && (o.pid as number) <= pidMax())) &&
+      typeof o.token === 'string' &&
+      /^[0-9a-f]{32}$/.test(o.token) &&
+      typeof o.restarting === 'boolean' &&
+      isLastExit({ code: o.code, signal: o.signal, result: o.result });
+    if (!ok) throw bad('owed is malformed');
+  }
+  if (v.restart !== undefined) {
+    const problem = restartRecordProblem(v.restart);
+    if (problem) throw bad(problem);
+    const last = (v.restart as Record<string, unknown>).lastExit;
+    if (last !== null && !isLastExit(last)) throw bad('restart.lastExit is malformed');
+  }
+  if (v.state === 'backoff' || v.state === 'failed') {
+    if (v.identity !== null) throw bad(`a ${v.state} manifest has an identity`);
+    if (v.restart === undefined) throw bad(`a ${v.state} manifest has no restart record`);
+  }
+  if (v.state === 'backoff' && !(typeof v.restartAt === 'string' && Number.isFinite(Date.parse(v.restartAt))))
+    throw bad('restartAt is malformed');
+  if (v.waiting !== undefined && !(v.state === 'backoff' && v.waiting === 'no-spec')) throw bad('waiting is malformed');
   if ((v.state === 'running' || v.state === 'stopping') && v.identity === null)
     throw bad(`a ${v.state} manifest has no identity`);
   if (v.state === 'stopping' && !(typeof v.stoppingSince === 'string')) throw bad('stoppingSince is malformed');
+  if (v.stoppingFor !== undefined && !(v.state === 'stopping' && RESULTS.includes(v.stoppingFor)))
+    throw bad('stoppingFor is malformed');
   // Before version 3 a starting manifest never held the confirmed identity.
   if (v.state === 'starting' && v.identity !== null && v.version !== MANIFEST_VERSION)
     throw bad('a starting manifest has an identity');

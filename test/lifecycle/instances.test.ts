@@ -12,6 +12,7 @@ import {
   type Stopping,
   type Tracked,
   type TrackedStatus,
+  type Life,
 } from '../../src/lifecycle/instances.js';
 import type { ProcessHandle } from '../../src/process/handle.js';
 
@@ -24,6 +25,7 @@ const instance = {
   exited: new Promise<never>(() => {}),
   cgroup: null,
   lastExit: null,
+  restarts: 0,
 };
 const pinned = { instance, handle, cgroup: null, session: null, paths: [] };
 const running: Running = { status: 'running', ...pinned, logFiles: null };
@@ -45,6 +47,12 @@ const sample: Record<TrackedStatus, Tracked> = {
   stopping: stopping(running, true),
   quarantined: { status: 'quarantined', manifest: null, reason: 'reused' },
   deferred: { status: 'deferred', error: new Error('EMFILE') },
+  backoff: { status: 'backoff', life: {} as Life, dueAt: null, timer: null },
+  failed: { status: 'failed', life: {} as Life },
+  owed: {
+    status: 'owed',
+    end: { id: 'vm', pid: 4242, token: 't', code: 0, signal: null, result: 'success', restarting: false },
+  },
 };
 const states = [undefined, ...Object.values(sample)];
 /** The legal path from untracked to each sample. */
@@ -55,6 +63,9 @@ const pathTo: Record<TrackedStatus, Tracked[]> = {
   stopping: [running, sample.stopping],
   quarantined: [sample.quarantined],
   deferred: [sample.deferred],
+  backoff: [running, exited, sample.backoff],
+  failed: [running, exited, sample.failed],
+  owed: [sample.owed],
 };
 const name = (t: Tracked | undefined) => t?.status ?? 'untracked';
 
@@ -72,8 +83,21 @@ const expected = new Set([
   'running>stopping',
   'exited>stopping',
   'exited>untracked',
+  'exited>backoff',
+  'exited>failed',
   'stopping>stopping',
   'stopping>untracked',
+  'stopping>backoff',
+  'stopping>failed',
+  'untracked>backoff',
+  'untracked>failed',
+  'untracked>owed',
+  'deferred>backoff',
+  'deferred>failed',
+  'deferred>owed',
+  'owed>untracked',
+  'backoff>untracked',
+  'failed>untracked',
   'quarantined>untracked',
   'deferred>running',
   'deferred>quarantined',

@@ -2,7 +2,7 @@
 // Supervisor launched into cgroups: the recorded cgroup is the instance whatever root the CLI has, so a
 // setsid'd, double-forked helper dies with the stop and the cgroup goes; a cgroup removed and made again by
 // hand is another cgroup: the instance is quarantined (mismatch, cgroup) and nothing in it is signalled.
-import { execFile, spawn as cpSpawn } from 'node:child_process';
+import { spawn as cpSpawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -10,6 +10,7 @@ import { backend } from '../../src/backend/index.js';
 import { Supervisor } from '../../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft, procsOf } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { runCli } from '../helpers/cli.js';
 import { processesWithMarker } from '../helpers/leaks.js';
 import {
   catchesSignal,
@@ -28,20 +29,7 @@ import { PERL, PYTHON } from '../helpers/supervisor.js';
 const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
 
-const CLI = join(import.meta.dirname, '..', '..', 'dist', 'cli', 'main.js');
-
-/** Runs the CLI on this backend to its end (bounded): exit status and both streams. */
-function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const env: NodeJS.ProcessEnv = { ...process.env, CUSTODY_BACKEND: backend.name };
-  delete env.CUSTODY_STATE_DIR;
-  return new Promise((resolve, reject) => {
-    execFile(process.execPath, [CLI, ...args], { env, timeout: 60_000 }, (err, stdout, stderr) => {
-      const code = err ? (err as { code?: unknown }).code : 0;
-      if (typeof code !== 'number') reject(err);
-      else resolve({ code, stdout, stderr });
-    });
-  });
-}
+const cli = runCli;
 
 /** perl: forks a child that calls setsid and forks the helper (argv "helper" and the marker), then sleeps. */
 const ESCAPER = `use POSIX (); my $p = fork; if (!$p) { POSIX::setsid(); exec($^X, '-e', 'sleep 60', '--', 'helper', $ARGV[1]) if !fork; POSIX::_exit(0) } waitpid($p, 0); sleep 60`;

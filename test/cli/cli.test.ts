@@ -351,10 +351,12 @@ describe(`custody ls (${backend.name})`, () => {
     expect(JSON.parse(ok(await cli(['ls', '--json'], { CUSTODY_STATE_DIR: s.stateDir })))).toEqual(json);
     const human = ok(await cli(['--state-dir', s.stateDir, 'ls'])).split('\n');
     expect(human[0]).toBe(`state dir ${s.stateDir}: format 3`);
-    expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+REASON\s+COMMAND$/);
-    expect(human[2]).toMatch(new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+${PYTHON}$`));
-    expect(human[3]).toMatch(/^half\s+incomplete\s+-\s+-\s+manifest .*no manifest/);
-    expect(human[4]).toMatch(new RegExp(`^ok\\s+running\\s+${s.pids.ok}\\s+ok\\s+-\\s+${PYTHON}$`));
+    expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+LAST\s+RESTARTS\s+REASON\s+COMMAND$/);
+    expect(human[2]).toMatch(
+      new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+-\\s+-\\s+${PYTHON}$`),
+    );
+    expect(human[3]).toMatch(/^half\s+incomplete\s+-\s+-\s+-\s+-\s+manifest .*no manifest/);
+    expect(human[4]).toMatch(new RegExp(`^ok\\s+running\\s+${s.pids.ok}\\s+ok\\s+-\\s+-\\s+-\\s+${PYTHON}$`));
     expect(human.slice(5)).toEqual(["not custody's (left alone): notes.txt", '']);
     expect(snapshot(s.stateDir)).toEqual(before);
   });

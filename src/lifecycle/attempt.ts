@@ -250,6 +250,7 @@ async function run(
     // Recorded, fsync'd, before readiness: a supervisor killed while it waits leaves the proven identity.
     await host.store.write({
       ...manifest,
+      ...(a.notify ? { notify: a.notify.name } : {}),
       identity: confirmedIdentity(a),
       ...placement(a, confirmedIdentity(a), cgroup),
       updatedAt: new Date().toISOString(),
@@ -294,6 +295,7 @@ async function run(
     // The session is recorded only while the target is in it: stop and recovery then count its members.
     const running: Manifest = {
       ...manifest,
+      ...(a.notify ? { notify: a.notify.name } : {}),
       state: 'running',
       identity,
       // A uid the very process dropped to after its exec is the uid it runs as, as if the launch had declared it.

@@ -144,6 +144,8 @@ export interface NotifyLaunch {
 export class NotifyChannel {
   /** NOTIFY_SOCKET's value. */
   readonly address: string;
+  /** The name it was bound under (recorded in the manifest, bound again at adoption). */
+  readonly name: string;
   readonly #listener: NotifyListener;
   readonly #launch: NotifyLaunch;
   readonly #emit: Emit;
@@ -160,17 +162,25 @@ export class NotifyChannel {
   /** Ready and running: only STATUS= (and barriers) count now. */
   #running = false;
 
-  private constructor(launch: NotifyLaunch, emit: Emit) {
+  private constructor(launch: NotifyLaunch, emit: Emit, name: string) {
     this.#launch = launch;
     this.#emit = emit;
-    const name = `custody/notify/${randomBytes(16).toString('hex')}`;
+    this.name = name;
     this.#listener = backend.openNotify(name, (d, error) => this.#receive(d, error));
     this.address = this.#listener.address;
   }
 
-  /** Binds the socket (ERR_CUSTODY_UNSUPPORTED on the js backend). Open it before the spawn: nothing sent is lost. */
-  static open(launch: NotifyLaunch, emit: Emit): NotifyChannel {
-    return new NotifyChannel(launch, emit);
+  /**
+   * Binds the socket (ERR_CUSTODY_UNSUPPORTED on the js backend). Open it before the spawn: nothing sent is
+   * lost. `name`: the one an adopted instance was given (its NOTIFY_SOCKET), bound again; EADDRINUSE where
+   * another process holds it now.
+   */
+  static open(
+    launch: NotifyLaunch,
+    emit: Emit,
+    name = `custody/notify/${randomBytes(16).toString('hex')}`,
+  ): NotifyChannel {
+    return new NotifyChannel(launch, emit, name);
   }
 
   #receive(d: NotifyDatagram | null, error: Error | null): void {

@@ -6,8 +6,9 @@
  * systemd sends it (room for a core dump and a stack trace); the end it
  * brings says `result: 'watchdog'`. One that outlives the SIGABRT by as long
  * again is ended through the stop path, told the same. The watch belongs to
- * the instance's life as `running`, like its notify socket: neither is bound
- * again after an agent restart, so an adopted instance has no watchdog.
+ * the instance's life as `running`, like its notify socket; an adopted
+ * instance's socket is bound again under its recorded name and the timer
+ * starts afresh (src/lifecycle/adopted.ts).
  */
 import { TIMED_OUT, within } from '../timing.js';
 import type { LifecycleHost } from './host.js';

@@ -83,6 +83,8 @@ interface ManifestFields {
   owed?: AfterExitEnd;
   /** Its restart policy and budget: absent where it is never restarted. */
   restart?: ManifestRestart;
+  /** The name of its sd_notify socket (ready: 'notify'), bound again at adoption for its watchdog. */
+  notify?: string;
 }
 
 /**
@@ -322,6 +324,8 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
       throw bad('keepAlive is malformed');
     if (k.afterExit !== undefined && typeof k.afterExit !== 'boolean') throw bad('keepAlive is malformed');
   }
+  if (v.notify !== undefined && !(typeof v.notify === 'string' && /^custody\/notify\/[0-9a-f]{32}$/.test(v.notify)))
+    throw bad('notify is malformed');
   if (v.owed !== undefined) {
     const o = v.owed;
     const ok =

@@ -8,7 +8,15 @@ import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
-import { capabilities, type CustodyEvent, type ExitEvent, type StopEvent, Supervisor } from '../../src/index.js';
+import { spawn } from 'node:child_process';
+import {
+  capabilities,
+  type CustodyEvent,
+  type ExitEvent,
+  type LaunchSpec,
+  type StopEvent,
+  Supervisor,
+} from '../../src/index.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { MARKER, tmpDir, waitFor } from '../helpers/procs.js';
 import { openSupervisor, PERL, PYTHON } from '../helpers/supervisor.js';
@@ -105,6 +113,27 @@ describe.runIf(capabilities().notify)(`the watchdog (${backend.name})`, () => {
     ]);
   });
 
+  it('a restart policy restarts after a watchdog end (on-abnormal), until its limit', async () => {
+    ctx = await openSupervisor();
+    const alive = join(ctx.root, 'r.alive');
+    await ctx.supervisor.launch({
+      id: 'r',
+      command: PYTHON,
+      args: (t) => ['-c', DAEMON, alive, 'silent', t, MARKER],
+      ready: 'notify',
+      watchdogMs: 200,
+      cwd: ctx.root,
+      restart: { when: 'on-abnormal', delayMs: 0, limit: { count: 1, withinMs: 60_000 } },
+    });
+    // No alive file: neither run pings, so each ends by its watchdog.
+    await waitFor(() => ctx?.events.find((e) => e.type === 'gave-up'), 20_000, 'gave-up');
+    const restarts = ctx.events.filter((e) => e.type === 'restart');
+    expect(restarts.map((e) => (e as { result: string }).result)).toEqual(['watchdog']);
+    expect(ctx.supervisor.list()).toMatchObject([
+      { id: 'r', status: 'failed', restarts: 1, exit: { result: 'watchdog' } },
+    ]);
+  });
+
   it('WATCHDOG=trigger is SIGABRT at once', async () => {
     ctx = await openSupervisor();
     // A period far longer than this test: only the trigger can end it in time.
@@ -132,35 +161,77 @@ describe.runIf(capabilities().notify)(`the watchdog (${backend.name})`, () => {
 });
 
 describe.runIf(capabilities().notify)(`the watchdog after an agent restart (${backend.name})`, () => {
-  it('is not bound again: the adopted instance runs on, and a warning says so', async () => {
+  /** A state dir where `vm` (the daemon, pinging while `alive` exists) was launched with a watchdog, and its supervisor closed. */
+  async function launchedAndClosed(watchdogMs: number) {
     const dir = tmpDir('custody-watchdog-adopt-');
     const stateDir = join(dir.path, 'state');
+    const alive = join(dir.path, 'alive');
+    writeFileSync(alive, '');
+    const spec: LaunchSpec = {
+      id: 'vm',
+      command: PYTHON,
+      args: (t) => ['-c', DAEMON, alive, 'silent', t, MARKER],
+      ready: 'notify',
+      watchdogMs,
+      cwd: dir.path,
+    };
+    const first = (await Supervisor.open({ stateDir, onEvent: () => {} })).supervisor;
+    const inst = await first.launch(spec);
+    await first.close();
+    return { dir, stateDir, alive, spec, inst };
+  }
+
+  it('its notify socket is bound again under the recorded name: pings keep it running, and a miss ends it (watchdog)', async () => {
+    const { dir, stateDir, alive, spec, inst } = await launchedAndClosed(300);
     const events: CustodyEvent[] = [];
-    const sups: Supervisor[] = [];
+    const second = (await Supervisor.open({ stateDir, specs: { vm: spec }, onEvent: (e) => events.push(e) }))
+      .supervisor;
     try {
-      const first = (await Supervisor.open({ stateDir, onEvent: (e) => events.push(e) })).supervisor;
-      sups.push(first);
-      const alive = join(dir.path, 'alive');
-      writeFileSync(alive, '');
-      const inst = await first.launch({
-        id: 'vm',
-        command: PYTHON,
-        args: (t) => ['-c', DAEMON, alive, 'silent', t, MARKER],
-        ready: 'notify',
-        watchdogMs: 200,
-        cwd: dir.path,
-      });
-      await first.close();
-      const second = (await Supervisor.open({ stateDir, onEvent: (e) => events.push(e) })).supervisor;
-      sups.push(second);
       expect(second.list()).toMatchObject([{ id: 'vm', status: 'running', pid: inst.pid }]);
-      expect(events.filter((e) => e.type === 'warning' && e.id === 'vm').map((e) => e.message)).toEqual([
-        "vm's watchdog is not bound again after an agent restart: its notify socket went with the supervisor that launched it",
-      ]);
-      const r = await second.stop('vm', { graceMs: 5000 });
-      expect(r.result).toBe('stopped');
+      const from = pingsSent(alive);
+      // Ten periods of pings after the adoption: still running, nothing fired.
+      await waitFor(() => pingsSent(alive) >= from + 150, 20_000, '150 pings after the adoption');
+      expect(second.list()).toMatchObject([{ id: 'vm', status: 'running' }]);
+      expect(events.filter((e) => e.type === 'warning')).toEqual([]);
+      rmSync(alive);
+      const exit = await waitFor(() => events.find((e): e is ExitEvent => e.type === 'exit'), 20_000, 'the exit');
+      expect(exit).toMatchObject({ pid: inst.pid, signal: 'SIGABRT', result: 'watchdog' });
     } finally {
-      for (const s of sups) await s.close();
+      await second.close();
+      dir.cleanup();
+    }
+  });
+
+  it('a name another process holds now is a warning: no watchdog, the instance adopted and left running', async () => {
+    const { dir, stateDir, spec, inst } = await launchedAndClosed(200);
+    const name = JSON.parse(readFileSync(join(stateDir, 'vm', 'manifest.json'), 'utf8')).notify as string;
+    const squatter = spawn(
+      PYTHON,
+      [
+        '-c',
+        `import socket, sys, time\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ns.bind('\\0' + sys.argv[1])\nprint('bound', flush=True)\ntime.sleep(60)`,
+        name,
+        MARKER,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    const events: CustodyEvent[] = [];
+    let second: Supervisor | undefined;
+    try {
+      await new Promise((r) => squatter.stdout!.once('data', r));
+      second = (await Supervisor.open({ stateDir, specs: { vm: spec }, onEvent: (e) => events.push(e) })).supervisor;
+      expect(events.filter((e) => e.type === 'warning').map((e) => e.message)).toEqual([
+        expect.stringMatching(
+          new RegExp(`^vm's watchdog is off: its notify socket @${name} could not be bound again \\(.*EADDRINUSE`),
+        ),
+      ]);
+      // Four periods without pings it can hear: nothing fires.
+      await new Promise((r) => setTimeout(r, 800));
+      expect(second.list()).toMatchObject([{ id: 'vm', status: 'running', pid: inst.pid }]);
+      expect((await second.stop('vm', { graceMs: 5000 })).result).toBe('stopped');
+    } finally {
+      squatter.kill('SIGKILL');
+      await second?.close();
       dir.cleanup();
     }
   });

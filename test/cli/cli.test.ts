@@ -45,18 +45,79 @@ function cliEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   return env;
 }
 
-/** Runs `file args` to its end (bounded), whatever its exit status. */
-function run(file: string, args: string[], env = cliEnv()): Promise<Run> {
+/**
+ * How long one run may take: far more than a CLI run takes on a loaded host (~2 s), and less than the
+ * test's own timeout (30 s), so that a run that hangs fails its own test, saying where it hung, instead of
+ * outliving it (it was then found by the suite's leak check, and why it hung was lost).
+ */
+const RUN_TIMEOUT_MS = 20_000;
+/** How long a hung node run is given to write its diagnostic report (SIGUSR2) before SIGKILL. */
+const REPORT_WAIT_MS = 2_000;
+
+/** Each thread of a process as /proc shows it: tid, name, state, wait channel, syscall number (what a hang waits in). */
+function threadStates(pid: number | undefined): string {
+  if (pid === undefined) return '(never started)';
+  const read = (tid: string, f: string) => {
+    try {
+      return readFileSync(`/proc/${pid}/task/${tid}/${f}`, 'utf8').trim();
+    } catch (err) {
+      return `(${(err as NodeJS.ErrnoException).code})`;
+    }
+  };
+  try {
+    return readdirSync(`/proc/${pid}/task`)
+      .map((tid) => {
+        const stat = read(tid, 'stat');
+        const state = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[0];
+        return `  ${tid} ${read(tid, 'comm')} ${state} wchan=${read(tid, 'wchan')} syscall=${read(tid, 'syscall').split(' ')[0]}`;
+      })
+      .join('\n');
+  } catch (err) {
+    return `(gone: ${(err as Error).message})`;
+  }
+}
+
+/**
+ * Runs `file args` to its end (bounded), whatever its exit status. One still running after RUN_TIMEOUT_MS
+ * fails the run with its threads' states and, for a node run (`report`), Node's diagnostic report (its
+ * native stack and the libuv handles that kept it alive) on its stderr; it is killed either way.
+ */
+function run(file: string, args: string[], env = cliEnv(), report = false): Promise<Run> {
   return new Promise((resolve, reject) => {
-    execFile(file, args, { env, timeout: 60_000, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+    let hung: string | null = null;
+    const child = execFile(file, args, { env, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      clearTimeout(timer);
+      clearTimeout(kill);
+      if (hung !== null) {
+        reject(
+          new Error(
+            `${[file, ...args].join(' ')} still ran after ${RUN_TIMEOUT_MS} ms; killed. Its threads then:\n${hung}\nstdout: ${stdout}\nstderr: ${stderr}`,
+          ),
+        );
+        return;
+      }
       const code = err ? (err as { code?: unknown }).code : 0;
       if (typeof code !== 'number') reject(err);
       else resolve({ code, stdout, stderr });
     });
+    let kill: NodeJS.Timeout | undefined;
+    const timer = setTimeout(() => {
+      hung = threadStates(child.pid);
+      if (!report) {
+        child.kill('SIGKILL');
+        return;
+      }
+      child.kill('SIGUSR2');
+      kill = setTimeout(() => child.kill('SIGKILL'), REPORT_WAIT_MS);
+    }, RUN_TIMEOUT_MS);
   });
 }
 
-const cli = (args: string[], env?: Record<string, string>) => run(process.execPath, [CLI, ...args], cliEnv(env));
+/** Node's diagnostic report on SIGUSR2, to stderr: what run() asks a hung CLI for. */
+const REPORT_FLAGS = ['--report-on-signal', '--report-signal=SIGUSR2', '--report-filename=stderr'];
+
+const cli = (args: string[], env?: Record<string, string>) =>
+  run(process.execPath, [...REPORT_FLAGS, CLI, ...args], cliEnv(env), true);
 
 /** Many runs, a few at a time (the machine is shared). */
 async function cliAll(runs: string[][]): Promise<Run[]> {

@@ -464,7 +464,8 @@ export class Supervisor {
   /** The instance record of a running id. */
   get(id: string): Instance | undefined {
     const t = this.#table.get(id);
-    if (t?.status === 'backoff' || t?.status === 'failed') return t.life.view ?? undefined;
+    // Between runs (and while a restart launches) the Instance held is the life's.
+    if (t?.status === 'backoff' || t?.status === 'failed' || t?.status === 'starting') return t.life?.view ?? undefined;
     return t ? pinnedOf(t)?.instance : undefined;
   }
 

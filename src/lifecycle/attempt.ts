@@ -67,7 +67,7 @@ export async function launchInstance(host: LifecycleHost, spec: LaunchSpec, life
   // A state dir moved or replaced since open would get a record nobody finds.
   host.store.assertInPlace();
   if (existing) host.table.move(id, undefined);
-  const placeholder: Starting = { status: 'starting' };
+  const placeholder: Starting = life ? { status: 'starting', life } : { status: 'starting' };
   host.table.move(id, placeholder);
   try {
     const attempts = spec.attempts ?? 1;

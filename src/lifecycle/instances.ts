@@ -86,6 +86,8 @@ export interface Pinned {
 /** A launch in flight: its attempts own the id until it runs or is undone. */
 export interface Starting {
   status: 'starting';
+  /** A restart's launch (or launch() of an id in backoff): the life whose Instance it updates. */
+  life?: Life;
 }
 
 /** Ended, every process of it proven gone; its restart is due at `dueAt` (or waits for launch(): `no-spec`). */

@@ -98,6 +98,8 @@ export class InterruptedLaunches {
     let forks: Set<number> | null = null;
     // Which of them were seen past their exec, still running.
     const execd = new Set<number>();
+    // Which of those were found the target once, and are looked at again before they are taken.
+    const relooked = new Set<number>();
     try {
       for (;;) {
         f.unreadable = this.#unreadableOf(m).size;
@@ -132,6 +134,13 @@ export class InterruptedLaunches {
               f.pidfileRefused = true;
               break;
             }
+            // The fork itself, found the target just past its exec, may be a launcher that is the expected
+            // program too and forks the target and exits at once: taken only if a later look finds it again.
+            if (chosen && execd.has(chosen.identity.pid) && !relooked.has(chosen.identity.pid)) {
+              relooked.add(chosen.identity.pid);
+              chosen.handle.close();
+              chosen = null;
+            }
             f.found = chosen !== null;
             if (chosen) break;
             if (inside) {
@@ -139,10 +148,19 @@ export class InterruptedLaunches {
               f.waitable = candidates.length;
             } else {
               // Only the candidates (and what they forked since) are looked at again, never the whole table,
-              const live = looked.filter((pid) => backend.stat(pid) !== null);
               // unless one exited since it was listed: it may have started the target first (a launcher that
-              // runs it in the background and exits), which, re-parented away, is no candidate's child.
-              const exited = looked.filter((pid) => !live.includes(pid));
+              // runs it in the background and exits), which, re-parented away, is no candidate's child. A zombie
+              // has exited (what it forked is re-parented already), however long its reaper takes.
+              const live = looked.filter((pid) => !['Z', 'X', undefined].includes(backend.stat(pid)?.state));
+              // So has a fork seen past its exec that the listing does not show as a carrier and that runs its
+              // argv no more: the listing (its pids read first, each process after) caught it in its exit, and
+              // the target it forked just before may be missing from it. Counted once.
+              const image = m.forkImage ?? '';
+              const left = [...execd].filter(
+                (pid) => !looked.includes(pid) && backend.execStage(pid, image) !== 'done',
+              );
+              for (const pid of left) execd.delete(pid);
+              const exited = [...looked.filter((pid) => !live.includes(pid)), ...left];
               if (exited.length > 0) this.#scan.exited(exited);
               candidates =
                 exited.length > 0 ? null : [...new Set([...live, ...live.flatMap((pid) => backend.children(pid))])];

@@ -18,7 +18,11 @@
 //      Interleaved with the restarts, a fresh launch() of the same spec
 //      under another id (call to resolved), stopped after: the baseline.
 //   2. The agent's CPU while a program crash-loops until the limit:
-//      `/bin/sh -c 'exit 3' <token>` with restart { when: 'on-failure',
+//      `/bin/sh -c 'sleep 0.1; exit 3' <token>` (it crashes once running:
+//      the restart path; one that dies before custody confirms it is
+//      abandoned instead, and an abandon without a cgroup scans the host's
+//      process table for its token, which does grow with every process on
+//      the host) with restart { when: 'on-failure',
 //      delayMs: 20, limit: { count: 20, withinMs: 60000 } }, from launch()
 //      to the `gave-up` event, process.cpuUsage() (user + sys of the worker,
 //      its children not counted) over the loop, per restart; measured while
@@ -173,7 +177,7 @@ function summarizeRun({ quick, params, fs, backends, escaped, leftover, loadBefo
       stateDir: { fs: fs.name },
       graceMs: GRACE_MS,
       latencyProcess: `bench/c/idle.c ${IDLE_SECONDS} <marker> <token>, SIGKILLed by pid`,
-      crashProcess: "/bin/sh -c 'exit 3' <token>",
+      crashProcess: "/bin/sh -c 'sleep 0.1; exit 3' <token>",
     },
     backends,
     targets,
@@ -254,7 +258,7 @@ export function report(results) {
   }
   const hMax = Math.max(...params.held);
   return [
-    `restart: LaunchSpec.restart on bench/c/idle.c (SIGKILLed) and /bin/sh -c 'exit 3'; state on ${params.stateDir.fs}` +
+    `restart: LaunchSpec.restart on bench/c/idle.c (SIGKILLed) and /bin/sh -c 'sleep 0.1; exit 3'; state on ${params.stateDir.fs}` +
       `${quick ? ' (quick)' : ''}`,
     `  latency: restart { when: 'always', delayMs: ${params.delayMs} } after a SIGKILL, ${params.rounds} rounds after ${params.warmup}` +
       ` warm-up, each followed by a fresh launch() + stop() of the same spec; ms, from the kill and custody's events as they`,
@@ -308,7 +312,7 @@ export function report(results) {
         )
       : null,
     '',
-    `  CPU of the agent while /bin/sh -c 'exit 3' crash-loops until gave-up (on-failure, delayMs ${params.crash.delayMs},` +
+    `  CPU of the agent while /bin/sh -c 'sleep 0.1; exit 3' crash-loops until gave-up (on-failure, delayMs ${params.crash.delayMs},` +
       ` limit ${params.crash.count}), holding H healthy idle instances; process.cpuUsage() user+sys of the worker,` +
       ` median of ${params.cpuRounds} round(s); idle: the worker's CPU holding H with nothing crashing`,
     cpuRows.length
@@ -598,7 +602,7 @@ async function crashLoop(supervisor, sink, { delayMs, count }, id) {
     await supervisor.launch({
       id,
       command: '/bin/sh',
-      args: (token) => ['-c', 'exit 3', token],
+      args: (token) => ['-c', 'sleep 0.1; exit 3', token],
       restart: { when: 'on-failure', delayMs, limit: { count, withinMs: 60_000 } },
       // sh may exit before it is confirmed: launch() then fails that attempt (no restart policy acts on
       // launch() itself), so the first launch gets a few; a restart's failed launch is an end like an exit.

@@ -77,6 +77,8 @@ describe(`afterExit (${backend.name})`, () => {
     const p = player('vm', ['run']);
     const r = recorder(() => ctx!.stateDir, p);
     const inst = await ctx.supervisor.launch({ ...p.spec, afterExit: r.afterExit });
+    // Confirmed is exec'd, not yet counted: a stop before the player writes its pid would leave runs() empty.
+    await waitFor(() => p.runs().length === 1, 5000, 'the run counted');
     p.go();
     await ctx.supervisor.stop('vm', { graceMs: 2000 });
     expect(r.calls.map((c) => [c.end.pid, c.end.result, c.end.restarting, c.gone])).toEqual([
@@ -240,7 +242,7 @@ describe(`an agent SIGKILLed mid-end (${backend.name})`, () => {
     expect(report.adopted).toEqual([{ id: 'vm', reason: 'backoff' }]);
     await waitFor(() => supervisor.list().find((i) => i.status === 'running'), 20_000, 'the restart');
     expect(supervisor.get('vm')?.restarts).toBe(1);
-    expect(p.runs()).toHaveLength(2);
+    await waitFor(() => p.runs().length === 2, 5000, 'the second run counted');
   });
 
   it("during a restart's launch: the next open adopts the restarted run, with the restart counted once", async () => {

@@ -280,7 +280,14 @@ function started(args: string[]) {
   return { child, out, done };
 }
 
-describe(`custody CLI: help, version, usage (${backend.name})`, () => {
+/**
+ * The usage tests start a CLI run per case, all at once (up to 26 node processes): under the sanitizer's
+ * preload on a loaded 2-CPU host one took 31 s. Each run keeps its own RUN_TIMEOUT_MS; the tests get room for
+ * their count of runs.
+ */
+const MANY_RUNS_TIMEOUT_MS = 90_000;
+
+describe(`custody CLI: help, version, usage (${backend.name})`, { timeout: MANY_RUNS_TIMEOUT_MS }, () => {
   const commands = ['ls', 'inspect', 'logs', 'stop', 'recover', 'release', 'sweep'];
 
   it('--help, -h and help print the overview on stdout and exit 0; --version prints the version', async () => {

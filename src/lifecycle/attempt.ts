@@ -291,15 +291,15 @@ async function run(
     if (host.closed)
       throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
     const target = confirmedTarget(a);
-    const identity = settledIdentity(host, spec.id, confirmedIdentity(a), child === target);
+    const identity = settledIdentity(host, spec.id, confirmedIdentity(a), child === target, a.handedOff === true);
     // The session is recorded only while the target is in it: stop and recovery then count its members.
     const running: Manifest = {
       ...manifest,
       ...(a.notify ? { notify: a.notify.name } : {}),
       state: 'running',
       identity,
-      // A uid the very process dropped to after its exec is the uid it runs as, as if the launch had declared it.
-      uid: manifest.uid ?? (identity.uid !== confirmedIdentity(a).uid ? identity.uid : null),
+      uid: runningUid(manifest.uid ?? null, identity, confirmedIdentity(a), a.handedOff === true),
+      ...(a.handedOff ? { handedOff: true as const } : {}),
       ...placement(a, identity, cgroup),
       updatedAt: new Date().toISOString(),
     };
@@ -439,14 +439,31 @@ function logCaps(options: LaunchSpec['logs']): { maxBytes: number; keep: number 
   return { maxBytes, keep };
 }
 
+/**
+ * The uid the running manifest records besides ours: the declared one; else one the very process dropped to
+ * after its exec, as if the launch had declared it; else, for a main process handed off by MAINPID= (a member
+ * of the instance, which may run as whatever uid its launcher gave it), the uid it runs as.
+ */
+function runningUid(
+  declared: number | null,
+  identity: ProcessIdentity,
+  confirmed: ProcessIdentity,
+  handedOff: boolean,
+): number | null {
+  if (declared !== null) return declared;
+  if (identity.uid !== confirmed.uid) return identity.uid;
+  return handedOff && identity.uid !== process.getuid?.() ? identity.uid : null;
+}
+
 /** The identity the running manifest records: what the target is now, where the kernel proves it the one confirmed. */
 function settledIdentity(
   host: LifecycleHost,
   id: string,
   confirmed: ProcessIdentity,
   isChild: boolean,
+  handedOff: boolean,
 ): ProcessIdentity {
-  const s = settle(confirmed, isChild);
+  const s = settle(confirmed, isChild, handedOff);
   const pid = confirmed.pid;
   if (s.error) {
     host.emit('warning', {
@@ -458,7 +475,7 @@ function settledIdentity(
     host.emit('warning', {
       id,
       pid,
-      message: `${id}: pid ${pid} changed its ${s.changed.join(' and ')} since its exec (now uid ${s.identity.uid}, argv ${JSON.stringify(s.identity.argv.join(' ').slice(0, 120))}); recorded as it is now`,
+      message: `${id}: pid ${pid} changed its ${s.changed.join(' and ')} since ${handedOff ? 'MAINPID= named it' : 'its exec'} (now uid ${s.identity.uid}, argv ${JSON.stringify(s.identity.argv.join(' ').slice(0, 120))}); recorded as it is now`,
     });
   }
   return s.identity;

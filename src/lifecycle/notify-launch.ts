@@ -35,13 +35,16 @@ function takeMainPid(a: Attempt, next: MainPid, emit: Emit): void {
   }
   a.target = next.handle;
   a.identity = next.identity;
+  // The main process is the one named now, not one the launch confirmed: the records say so (settle, recovery).
+  a.handedOff = true;
   if (old && old !== a.child) old.close();
+  const proof = next.by === 'token' ? 'by its own marks' : `a member of the instance (by ${next.by})`;
   emit('confirm', {
     id: a.id,
     pid: next.identity.pid,
     identity: next.identity,
     message:
-      `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule: the target now, ` +
+      `MAINPID=${next.identity.pid} (sent by pid ${next.from}) passed the ownership rule, ${proof}: the target now, ` +
       'its identity recorded from that inspection',
   });
 }

@@ -299,7 +299,8 @@ export class NotifyChannel {
    */
   #judgeSender(d: NotifyDatagram): Sender {
     const pid = d.pid;
-    if (!isTargetPid(pid)) return { ours: false, pid, why: 'unknown' };
+    // pid 1 is no target pid, but it is a sender (as root, systemd-notify --pid=1 sends as pid 1).
+    if (!isTargetPid(pid)) return { ours: false, pid, why: pid === 1 ? 'init' : 'unknown' };
     // The kernel's pin names the sender exactly: the confirmed target is ours even if it exited since it sent
     // (a daemon's parent that says MAINPID= and READY=1, then exits).
     const target = this.#launch.target()?.identity;

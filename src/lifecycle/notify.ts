@@ -352,6 +352,10 @@ export class NotifyChannel {
    * own marks, as a pid a launcher reports. pid 1, ourselves and our ancestors never.
    */
   #offerMainPid(pid: number, from: number): void {
+    if (pid === 1) {
+      this.#ignore(from, `MAINPID=1: ${describeRejection(1, 'init')}`);
+      return;
+    }
     if (!isTargetPid(pid)) {
       this.#ignore(from, `MAINPID=${String(pid)} is not a pid`);
       return;

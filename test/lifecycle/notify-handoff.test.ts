@@ -6,7 +6,7 @@
 // datagram comes from the daemon as the kernel tells it; as another uid it comes from systemd-notify itself.
 // Each test says what each does. Recovery after an agent's SIGKILL is tested on both backends.
 import { type ChildProcess, spawn as cpSpawn, execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
@@ -33,7 +33,7 @@ import {
   untilReady,
   waitFor,
 } from '../helpers/procs.js';
-import { FIXTURES, openSupervisor, PYTHON } from '../helpers/supervisor.js';
+import { FIXTURES, openSupervisor, PERL, PYTHON } from '../helpers/supervisor.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
 expectNoCgroupsLeft();
@@ -41,14 +41,15 @@ expectNoCgroupsLeft();
 const native = backend.name === 'native';
 const DAEMON = join(FIXTURES, 'handoff-daemon.py');
 const AGENT = join(FIXTURES, 'handoff-agent.mjs');
-const HAS_NOTIFY = (() => {
+const has = (tool: string) => {
   try {
-    execFileSync('sh', ['-c', 'command -v systemd-notify'], { stdio: 'ignore' });
+    execFileSync('sh', ['-c', `command -v ${tool}`], { stdio: 'ignore' });
     return true;
   } catch {
     return false;
   }
-})();
+};
+const HAS_NOTIFY = has('systemd-notify');
 const NO_TOOL = HAS_NOTIFY ? null : 'systemd-notify is not installed (.ci/run installs it: apt-get install systemd)';
 
 // The launchers: sh -c SCRIPT <token> PYTHON DAEMON PIDFILE LOG MARKER [GATE...], so "$1".."$5" run the daemon.
@@ -200,6 +201,38 @@ describe.skipIf(!native || !!NO_TOOL)(
       expect(isGone(b)).toBe(false);
       expect(loggedSignals(log)).toEqual([]);
     });
+
+    it.runIf(isRoot() && has('setpriv'))(
+      'a daemon its launcher started as another uid is handed off: that uid is recorded, and the next supervisor adopts it',
+      async () => {
+        const ctx = await supervisor();
+        // Where uid 65534 may write its pid: the test's dir is root's.
+        const shared = join(ctx.root, 'shared');
+        mkdirSync(shared);
+        chmodSync(shared, 0o777);
+        chmodSync(ctx.root, 0o711);
+        const pidfile = join(shared, 'daemon.pid');
+        const daemon =
+          'open(my $f, ">", "$ARGV[0].tmp") or die; print $f $$; close $f; rename("$ARGV[0].tmp", $ARGV[0]) or die; sleep 60';
+        const script = `setpriv --reuid=65534 --regid=65534 --clear-groups "$1" -e "$2" -- "$3" "$4" & ${WAIT_PID}; systemd-notify --ready --pid="$(cat "$3")"`;
+        const inst = await ctx.supervisor.launch({
+          id: 'u',
+          command: '/bin/sh',
+          args: (t) => ['-c', script, t, PERL, daemon, pidfile, MARKER],
+          ready: 'notify',
+          readyTimeoutMs: 20_000,
+        });
+        expect(inst.pid).toBe(Number(readFileSync(pidfile, 'utf8')));
+        expect(inst.identity.uid).toBe(65534);
+        expect(manifestOf(ctx.stateDir, 'u')).toMatchObject({ handedOff: true, uid: 65534, identity: { uid: 65534 } });
+        await ctx.supervisor.close();
+        const { supervisor: next, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
+        cleanups.push(() => next.close());
+        expect(report).toMatchObject({ adopted: [{ id: 'u', pid: inst.pid }], repaired: [], quarantined: [] });
+        await next.stop('u', { graceMs: 2000 });
+        expect(isGone(inst.pid)).toBe(true);
+      },
+    );
 
     it("a daemon named before its exec, exec'd before READY=1: recorded as it runs now, by its pidfs id", async () => {
       const ctx = await supervisor();

@@ -199,6 +199,25 @@ async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number,
   }
 }
 
+/**
+ * The starting manifest with the confirmed target: written (fsync'd) before readiness, and again when a
+ * MAINPID= hands the target off, with the uid the handed-off process runs as.
+ */
+function confirmedManifest(manifest: StartingManifest, a: Attempt, cgroup: InstanceCgroup | null): StartingManifest {
+  const identity = confirmedIdentity(a);
+  const handedOff = a.handedOff
+    ? { handedOff: true as const, uid: runningUid(manifest.uid ?? null, identity, identity, true) }
+    : {};
+  return {
+    ...manifest,
+    ...(a.notify ? { notify: a.notify.name } : {}),
+    identity,
+    ...placement(a, identity, cgroup),
+    ...handedOff,
+    updatedAt: new Date().toISOString(),
+  };
+}
+
 /** Where the confirmed target is recorded: the session only while the target is in it, the cgroup only if it is in it. */
 function placement(a: Attempt, identity: ProcessIdentity, cgroup: InstanceCgroup | null) {
   return {
@@ -233,9 +252,13 @@ async function run(
   });
   const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
   const signal = spec.signal;
+  // The instance cgroup as confirm found the target in it (null: none, or the target outside it).
+  let confirmedCgroup: InstanceCgroup | null = null;
   try {
     // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
-    if (spec.ready === 'notify') a.notify = openNotify(a, host.emit);
+    // A MAINPID= hand-off is recorded as confirm is, before the wait goes on.
+    if (spec.ready === 'notify')
+      a.notify = openNotify(a, host.emit, () => host.store.write(confirmedManifest(manifest, a, confirmedCgroup)));
     startChild(a, spec, logs);
     const child = spawned(a);
     host.emit('spawn', {
@@ -247,14 +270,9 @@ async function run(
     let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
     await confirm(a, pid, deadline, confirmTimeoutMs, signal);
     const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
+    confirmedCgroup = cgroup;
     // Recorded, fsync'd, before readiness: a supervisor killed while it waits leaves the proven identity.
-    await host.store.write({
-      ...manifest,
-      ...(a.notify ? { notify: a.notify.name } : {}),
-      identity: confirmedIdentity(a),
-      ...placement(a, confirmedIdentity(a), cgroup),
-      updatedAt: new Date().toISOString(),
-    });
+    await host.store.write(confirmedManifest(manifest, a, cgroup));
     host.emit('confirm', {
       id: spec.id,
       pid,

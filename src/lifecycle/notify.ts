@@ -141,8 +141,11 @@ export interface NotifyLaunch {
   session(): number | null;
   /** What the launch's processes must show, for the ownership rule. */
   claim(): Claim;
-  /** An accepted MAINPID: the launch makes it the target, or closes it if it names the target already. */
-  handOff(next: MainPid): void;
+  /**
+   * An accepted MAINPID: the launch makes it the target (and records it, before the wait goes on), or closes
+   * it if it names the target already.
+   */
+  handOff(next: MainPid): void | Promise<void>;
   /** What wait() fails with when the target exits before READY=1 (its status and stderr tail). */
   exitedError(target: ProcessHandle, signal?: AbortSignal): Promise<Error>;
 }
@@ -377,11 +380,11 @@ export class NotifyChannel {
   }
 
   /** Hands an accepted MAINPID to the launch, which makes it the target (recorded from the inspection that accepted it). */
-  #handOffMainPid(): void {
+  async #handOffMainPid(): Promise<void> {
     const next = this.#mainPid;
     if (!next) return;
     this.#mainPid = null;
-    this.#launch.handOff(next);
+    await this.#launch.handOff(next);
   }
 
   /**
@@ -396,7 +399,7 @@ export class NotifyChannel {
     for (const { d } of this.#deferred.splice(0)) this.#take(d, false);
     for (;;) {
       if (this.#error) throw this.#error;
-      this.#handOffMainPid();
+      await this.#handOffMainPid();
       if (this.#ready) return;
       const target = launch.target()?.handle;
       // wait() runs after confirm, which sets the target or fails the launch.

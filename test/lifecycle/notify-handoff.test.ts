@@ -19,6 +19,7 @@ import {
 } from '../../src/index.js';
 import { CGROUP_ROOT, CGROUP_SKIP, expectNoCgroupsLeft, procsOf } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { processesWithMarker } from '../helpers/leaks.js';
 import {
   endOwn,
   exited,
@@ -91,6 +92,17 @@ async function supervisor(extra: Parameters<typeof openSupervisor>[0] = {}) {
   const ctx = await openSupervisor(extra);
   cleanups.push(() => ctx.dispose());
   return ctx;
+}
+
+/** Opens a state dir as the next agent would; closed after the test, what runs stopped first. */
+async function reopen(stateDir: string, options: { cgroup?: { root: string } } = {}, events: CustodyEvent[] = []) {
+  const opened = await Supervisor.open({ stateDir, ...options, onEvent: (e) => events.push(e) });
+  cleanups.push(async () => {
+    for (const i of opened.supervisor.list())
+      if (i.status === 'running') await opened.supervisor.stop(i.id, { graceMs: 1000 }).catch(() => {});
+    await opened.supervisor.close();
+  });
+  return opened;
 }
 
 describe.skipIf(!native || !!NO_TOOL)(
@@ -226,8 +238,7 @@ describe.skipIf(!native || !!NO_TOOL)(
         expect(inst.identity.uid).toBe(65534);
         expect(manifestOf(ctx.stateDir, 'u')).toMatchObject({ handedOff: true, uid: 65534, identity: { uid: 65534 } });
         await ctx.supervisor.close();
-        const { supervisor: next, report } = await Supervisor.open({ stateDir: ctx.stateDir, onEvent: () => {} });
-        cleanups.push(() => next.close());
+        const { supervisor: next, report } = await reopen(ctx.stateDir);
         expect(report).toMatchObject({ adopted: [{ id: 'u', pid: inst.pid }], repaired: [], quarantined: [] });
         await next.stop('u', { graceMs: 2000 });
         expect(isGone(inst.pid)).toBe(true);
@@ -271,11 +282,7 @@ describe.skipIf(!native || !!NO_TOOL)(
       await waitFor(() => existsSync(f.pidfile), 10_000, 'the exec');
       expect(daemonPid(f)).toBe(inst.pid);
       const events: CustodyEvent[] = [];
-      const { supervisor: next, report } = await Supervisor.open({
-        stateDir: ctx.stateDir,
-        onEvent: (e) => events.push(e),
-      });
-      cleanups.push(() => next.close());
+      const { supervisor: next, report } = await reopen(ctx.stateDir, {}, events);
       expect(report).toMatchObject({ adopted: [], quarantined: [] });
       expect(report.repaired).toEqual([{ id: 'd', pid: inst.pid, reason: 'renamed', field: 'exe' }]);
       expect(of(events, 'd', 'repair')[0]!.message).toMatch(/exec'd since it was recorded .*MAINPID= named/);
@@ -287,13 +294,19 @@ describe.skipIf(!native || !!NO_TOOL)(
   },
 );
 
-/** The agent fixture (native), once it runs the hand-off: what it printed, and its SIGKILL. */
-async function agent(stateDir: string, cgroupRoot: string | null, f: Files) {
-  const child = cpSpawn(process.execPath, [AGENT, stateDir, cgroupRoot ?? '-', FORKS, ...daemonArgv(f)], {
+/** The agent fixture (native) running `script` (sh -c script <token> ...args); SIGKILLed at the test's end at the latest. */
+function startAgent(stateDir: string, cgroupRoot: string | null, script: string, args: string[]) {
+  const child = cpSpawn(process.execPath, [AGENT, stateDir, cgroupRoot ?? '-', script, ...args], {
     env: { ...process.env, CUSTODY_BACKEND: 'native' },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   cleanups.push(() => killAndWait(child));
+  return { child, kill: () => killAndWait(child) };
+}
+
+/** The agent fixture, once it runs the hand-off (FORKS): what it printed, and its SIGKILL. */
+async function agent(stateDir: string, cgroupRoot: string | null, f: Files) {
+  const { child, kill } = startAgent(stateDir, cgroupRoot, FORKS, daemonArgv(f));
   const line = await new Promise<string>((resolve, reject) => {
     let seen = '';
     child.stdout!.on('data', (d: Buffer) => {
@@ -303,7 +316,7 @@ async function agent(stateDir: string, cgroupRoot: string | null, f: Files) {
     void exited(child).then(() => reject(new Error(`the agent exited (${child.exitCode}) before it launched`)));
   });
   const printed = JSON.parse(line) as { pid: number; spawned: number; cgroup: string | null };
-  return { ...printed, kill: () => killAndWait(child) };
+  return { ...printed, kill };
 }
 
 describe.skipIf(!!NO_TOOL)(`an agent SIGKILLed while it runs a handed-off daemon (reopened on ${backend.name})`, () => {
@@ -318,8 +331,7 @@ describe.skipIf(!!NO_TOOL)(`an agent SIGKILLed while it runs a handed-off daemon
     await waitFor(() => goneFrom(first.spawned), 5000, 'the launcher to exit');
     const events: CustodyEvent[] = [];
     const options = cgroup ? { cgroup: { root: CGROUP_ROOT } } : {};
-    const opened = await Supervisor.open({ stateDir, ...options, onEvent: (e) => events.push(e) });
-    cleanups.push(() => opened.supervisor.close());
+    const opened = await reopen(stateDir, options, events);
     return { ...opened, first, f, events };
   }
 
@@ -335,6 +347,48 @@ describe.skipIf(!!NO_TOOL)(`an agent SIGKILLed while it runs a handed-off daemon
       expect(report.quarantined).toEqual([{ id: 'd', pid: first.pid, reason: 'mismatch', field: 'token' }]);
       cleanups.push(() => endOwn([first.pid]));
       expect(isGone(first.pid)).toBe(false);
+      expect(loggedSignals(f.log)).toEqual([]);
+    }
+  });
+
+  it(`killed after the hand-off, before READY=1: its record names the daemon, ${native ? 'adopted' : 'quarantined on js'}`, async () => {
+    const dir = tmpDir('custody-handoff-');
+    cleanups.push(dir.cleanup);
+    const f = daemonFiles(dir.path);
+    const stateDir = join(dir.path, 'state');
+    const go = join(dir.path, 'go');
+    // The launcher names the daemon, then waits for `go` before its READY=1.
+    const script = `"$1" "$2" "$3" "$4" "$5" & ${WAIT_PID}; systemd-notify --pid="$(cat "$3")"; ${gate(6)}; systemd-notify --ready`;
+    const first = startAgent(stateDir, null, script, [...daemonArgv(f), go]);
+    const recorded = await waitFor(
+      () => {
+        try {
+          const m = manifestOf(stateDir, 'd');
+          return m.handedOff === true && m;
+        } catch {
+          return null;
+        }
+      },
+      20_000,
+      'the hand-off recorded',
+    );
+    const pid = daemonPid(f);
+    expect(recorded).toMatchObject({ state: 'starting', identity: { pid } });
+    await first.kill();
+    // Its READY=1 now goes to no socket: it fails, and the launcher exits.
+    writeFileSync(go, '');
+    const launchers = () => processesWithMarker(MARKER).filter((p) => p.cmd.startsWith('/bin/sh'));
+    await waitFor(() => launchers().length === 0, 10_000, 'the launcher to exit');
+    const { supervisor: sup, report } = await reopen(stateDir);
+    if (native) {
+      expect(report.adopted).toEqual([{ id: 'd', pid, reason: 'starting' }]);
+      expect(manifestOf(stateDir, 'd')).toMatchObject({ state: 'running', handedOff: true });
+      await sup.stop('d', { graceMs: 2000 });
+      expect(isGone(pid)).toBe(true);
+      expect(loggedSignals(f.log)).toEqual(['SIGTERM']);
+    } else {
+      expect(report.quarantined).toEqual([{ id: 'd', pid, reason: 'mismatch', field: 'token' }]);
+      cleanups.push(() => endOwn([pid]));
       expect(loggedSignals(f.log)).toEqual([]);
     }
   });

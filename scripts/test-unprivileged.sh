@@ -15,13 +15,15 @@ cd "$(dirname "$0")/.."
 
 # What depends on who runs it: identities and signals of our own processes,
 # another uid's processes left alone, the state dir's modes and ownership,
-# PATH search, the CLI. proc/properties parse text and do not care; load is
-# the same work at volume; reuse, crash and faults need root almost throughout.
+# PATH search, the CLI, who sent an sd_notify datagram (root's systemd-notify
+# sends as the pid it names, another uid's as itself: notify-handoff).
+# proc/properties parse text and do not care; load is the same work at
+# volume; reuse, crash and faults need root almost throughout.
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
   suites=(test/process/identity.test.ts test/process/handle.test.ts test/backend/spawn-types.test.ts test/supervisor.test.ts
     test/process/sweep.test.ts test/recovery/recover.test.ts test/backend/backend.test.ts test/cli/cli.test.ts test/process/subreaper.test.ts
-    test/unprovable.test.ts test/reliability/hostile.test.ts)
+    test/unprovable.test.ts test/reliability/hostile.test.ts test/lifecycle/notify-handoff.test.ts)
 fi
 
 uid=${CUSTODY_TEST_UID:-65534}

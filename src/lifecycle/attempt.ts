@@ -199,6 +199,25 @@ async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number,
   }
 }
 
+/**
+ * The starting manifest with the confirmed target: written (fsync'd) before readiness, and again when a
+ * MAINPID= hands the target off, with the uid the handed-off process runs as.
+ */
+function confirmedManifest(manifest: StartingManifest, a: Attempt, cgroup: InstanceCgroup | null): StartingManifest {
+  const identity = confirmedIdentity(a);
+  const handedOff = a.handedOff
+    ? { handedOff: true as const, uid: runningUid(manifest.uid ?? null, identity, identity, true) }
+    : {};
+  return {
+    ...manifest,
+    ...(a.notify ? { notify: a.notify.name } : {}),
+    identity,
+    ...placement(a, identity, cgroup),
+    ...handedOff,
+    updatedAt: new Date().toISOString(),
+  };
+}
+
 /** Where the confirmed target is recorded: the session only while the target is in it, the cgroup only if it is in it. */
 function placement(a: Attempt, identity: ProcessIdentity, cgroup: InstanceCgroup | null) {
   return {
@@ -233,9 +252,13 @@ async function run(
   });
   const confirmTimeoutMs = spec.confirmTimeoutMs ?? 3000;
   const signal = spec.signal;
+  // The instance cgroup as confirm found the target in it (null: none, or the target outside it).
+  let confirmedCgroup: InstanceCgroup | null = null;
   try {
     // Bound before the spawn, so nothing the instance sends is lost; closed on failure below, else with the instance.
-    if (spec.ready === 'notify') a.notify = openNotify(a, host.emit);
+    // A MAINPID= hand-off is recorded as confirm is, before the wait goes on.
+    if (spec.ready === 'notify')
+      a.notify = openNotify(a, host.emit, () => host.store.write(confirmedManifest(manifest, a, confirmedCgroup)));
     startChild(a, spec, logs);
     const child = spawned(a);
     host.emit('spawn', {
@@ -247,14 +270,9 @@ async function run(
     let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
     await confirm(a, pid, deadline, confirmTimeoutMs, signal);
     const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
+    confirmedCgroup = cgroup;
     // Recorded, fsync'd, before readiness: a supervisor killed while it waits leaves the proven identity.
-    await host.store.write({
-      ...manifest,
-      ...(a.notify ? { notify: a.notify.name } : {}),
-      identity: confirmedIdentity(a),
-      ...placement(a, confirmedIdentity(a), cgroup),
-      updatedAt: new Date().toISOString(),
-    });
+    await host.store.write(confirmedManifest(manifest, a, cgroup));
     host.emit('confirm', {
       id: spec.id,
       pid,
@@ -291,15 +309,15 @@ async function run(
     if (host.closed)
       throw new CustodyError('ERR_CUSTODY_CLOSED', `the supervisor was closed while ${spec.id} was launching`);
     const target = confirmedTarget(a);
-    const identity = settledIdentity(host, spec.id, confirmedIdentity(a), child === target);
+    const identity = settledIdentity(host, spec.id, confirmedIdentity(a), child === target, a.handedOff === true);
     // The session is recorded only while the target is in it: stop and recovery then count its members.
     const running: Manifest = {
       ...manifest,
       ...(a.notify ? { notify: a.notify.name } : {}),
       state: 'running',
       identity,
-      // A uid the very process dropped to after its exec is the uid it runs as, as if the launch had declared it.
-      uid: manifest.uid ?? (identity.uid !== confirmedIdentity(a).uid ? identity.uid : null),
+      uid: runningUid(manifest.uid ?? null, identity, confirmedIdentity(a), a.handedOff === true),
+      ...(a.handedOff ? { handedOff: true as const } : {}),
       ...placement(a, identity, cgroup),
       updatedAt: new Date().toISOString(),
     };
@@ -439,14 +457,31 @@ function logCaps(options: LaunchSpec['logs']): { maxBytes: number; keep: number 
   return { maxBytes, keep };
 }
 
+/**
+ * The uid the running manifest records besides ours: the declared one; else one the very process dropped to
+ * after its exec, as if the launch had declared it; else, for a main process handed off by MAINPID= (a member
+ * of the instance, which may run as whatever uid its launcher gave it), the uid it runs as.
+ */
+function runningUid(
+  declared: number | null,
+  identity: ProcessIdentity,
+  confirmed: ProcessIdentity,
+  handedOff: boolean,
+): number | null {
+  if (declared !== null) return declared;
+  if (identity.uid !== confirmed.uid) return identity.uid;
+  return handedOff && identity.uid !== process.getuid?.() ? identity.uid : null;
+}
+
 /** The identity the running manifest records: what the target is now, where the kernel proves it the one confirmed. */
 function settledIdentity(
   host: LifecycleHost,
   id: string,
   confirmed: ProcessIdentity,
   isChild: boolean,
+  handedOff: boolean,
 ): ProcessIdentity {
-  const s = settle(confirmed, isChild);
+  const s = settle(confirmed, isChild, handedOff);
   const pid = confirmed.pid;
   if (s.error) {
     host.emit('warning', {
@@ -458,7 +493,7 @@ function settledIdentity(
     host.emit('warning', {
       id,
       pid,
-      message: `${id}: pid ${pid} changed its ${s.changed.join(' and ')} since its exec (now uid ${s.identity.uid}, argv ${JSON.stringify(s.identity.argv.join(' ').slice(0, 120))}); recorded as it is now`,
+      message: `${id}: pid ${pid} changed its ${s.changed.join(' and ')} since ${handedOff ? 'MAINPID= named it' : 'its exec'} (now uid ${s.identity.uid}, argv ${JSON.stringify(s.identity.argv.join(' ').slice(0, 120))}); recorded as it is now`,
     });
   }
   return s.identity;

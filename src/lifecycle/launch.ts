@@ -246,6 +246,11 @@ export interface Attempt {
   session: number | null;
   /** The confirmed target, pinned by the inspection that confirmed it. */
   target: ProcessHandle | null;
+  /**
+   * The target was named by MAINPID= (ready: 'notify'), a member of the instance that may carry no token and
+   * may exec after it was named: its record is proven by the kernel (pidfs id, cgroup), not by its marks.
+   */
+  handedOff?: boolean;
   /** The attempt's cgroup, which the child was placed in before exec; null without a cgroup root. */
   cgroup: InstanceCgroup | null;
   identity: ProcessIdentity | null;

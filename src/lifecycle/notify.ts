@@ -14,10 +14,14 @@
  * it the window is the time between send and read. What counts:
  * - `READY=1`: ready;
  * - `STATUS=...`: a `status` event;
- * - `MAINPID=n`: n becomes the target only if it passes the rule on its own
- *   marks, as a pid a launcher reports would (re-confirmed, and recorded
- *   from that inspection). The channel hands it to the launch
- *   (NotifyLaunch.handOff), which alone writes what its target is.
+ * - `MAINPID=n`: n becomes the target only if it is a member of the instance
+ *   (in its cgroup, a child of a pinned member, in the session custody
+ *   created), token or not, as systemd takes a MAINPID= from its unit's
+ *   cgroup (a launcher that forks the daemon and says `systemd-notify
+ *   --ready --pid=$!`), or else passes the rule on its own marks, as a pid a
+ *   launcher reports would; recorded from the inspection that judged it.
+ *   The channel hands it to the launch (NotifyLaunch.handOff), which alone
+ *   writes what its target is.
  * Everything else is ignored. So is a datagram whose control data did not
  * fit (MSG_CTRUNC: more fds than the few a barrier passes), whoever sent it;
  * custody keeps no fd a datagram brings (it has no FDSTORE), each is closed
@@ -38,7 +42,7 @@ import type { NotifyDatagram, NotifyListener } from '../backend/types.js';
 import { ReadyTimeoutError } from '../errors.js';
 import type { Emit } from '../events.js';
 import type { ProcessHandle } from '../process/handle.js';
-import { type Claim, describeRejection, judge, type Rejection } from '../process/ownership.js';
+import { type Claim, describeRejection, judge, type Members, type Rejection } from '../process/ownership.js';
 import { pin } from '../process/pin.js';
 import { isTargetPid } from './pidfile.js';
 import { TIMED_OUT, within } from '../timing.js';
@@ -119,6 +123,8 @@ export interface MainPid {
   identity: ProcessIdentity;
   /** The pid that sent it. */
   from: number;
+  /** What proved it the instance's: membership (cgroup, descent, session) or its own marks (token). */
+  by: 'cgroup' | 'descent' | 'session' | 'token';
 }
 
 /**
@@ -135,8 +141,11 @@ export interface NotifyLaunch {
   session(): number | null;
   /** What the launch's processes must show, for the ownership rule. */
   claim(): Claim;
-  /** An accepted MAINPID: the launch makes it the target, or closes it if it names the target already. */
-  handOff(next: MainPid): void;
+  /**
+   * An accepted MAINPID: the launch makes it the target (and records it, before the wait goes on), or closes
+   * it if it names the target already.
+   */
+  handOff(next: MainPid): void | Promise<void>;
   /** What wait() fails with when the target exits before READY=1 (its status and stderr tail). */
   exitedError(target: ProcessHandle, signal?: AbortSignal): Promise<Error>;
 }
@@ -293,7 +302,8 @@ export class NotifyChannel {
    */
   #judgeSender(d: NotifyDatagram): Sender {
     const pid = d.pid;
-    if (!isTargetPid(pid)) return { ours: false, pid, why: 'unknown' };
+    // pid 1 is no target pid, but it is a sender (as root, systemd-notify --pid=1 sends as pid 1).
+    if (!isTargetPid(pid)) return { ours: false, pid, why: pid === 1 ? 'init' : 'unknown' };
     // The kernel's pin names the sender exactly: the confirmed target is ours even if it exited since it sent
     // (a daemon's parent that says MAINPID= and READY=1, then exits).
     const target = this.#launch.target()?.identity;
@@ -306,15 +316,22 @@ export class NotifyChannel {
       if (d.sender && !backend.pinnedAlive(d.sender)) return { ours: false, pid, why: 'gone' };
       const live = pinned.identity;
       if (this.#held(live)) return { ours: true, pid };
-      const launch = this.#launch;
-      // Only pins still held: an exited launcher's pid may be someone else's by now, and so its children.
-      const held = [launch.child(), launch.target()?.handle].filter((h): h is ProcessHandle => !!h && !h.hasExited);
-      const pids = new Set<number>(held.map((h) => h.pid));
-      const j = judge(launch.claim(), live, { pids, session: launch.session() }, false, pinned.environ);
+      const j = judge(this.#launch.claim(), live, this.#members(), false, pinned.environ);
       return j.ours ? { ours: true, pid } : { ours: false, pid, why: j.why, ppid: live.ppid };
     } finally {
       pinned.handle.close();
     }
+  }
+
+  /**
+   * Who is the instance's now, for the descent rule: the pins still held (an exited launcher's pid may be
+   * someone else's by now, and so its children), the session custody created, and the instance cgroup (the
+   * claim's), which where there is one is all that counts.
+   */
+  #members(): Members {
+    const launch = this.#launch;
+    const held = [launch.child(), launch.target()?.handle].filter((h): h is ProcessHandle => !!h && !h.hasExited);
+    return { pids: new Set(held.map((h) => h.pid)), session: launch.session(), cgroup: launch.claim().cgroup ?? null };
   }
 
   /** The live process is one custody already holds for the attempt: its own child (unreaped) or the confirmed target. */
@@ -332,8 +349,16 @@ export class NotifyChannel {
     );
   }
 
-  /** MAINPID=n from an accepted sender: pinned and judged on its own marks, as a pid a launcher reports. */
+  /**
+   * MAINPID=n from an accepted sender: pinned and judged with the instance's members, so a daemon its launcher
+   * forked is taken without a token (it carries none: the launcher's argv has it); anything else only on its
+   * own marks, as a pid a launcher reports. pid 1, ourselves and our ancestors never.
+   */
   #offerMainPid(pid: number, from: number): void {
+    if (pid === 1) {
+      this.#ignore(from, `MAINPID=1: ${describeRejection(1, 'init')}`);
+      return;
+    }
     if (!isTargetPid(pid)) {
       this.#ignore(from, `MAINPID=${String(pid)} is not a pid`);
       return;
@@ -344,22 +369,22 @@ export class NotifyChannel {
       this.#ignore(from, `MAINPID=${pid} names no process`);
       return;
     }
-    const j = judge(this.#launch.claim(), pinned.identity, undefined, true, pinned.environ);
+    const j = judge(this.#launch.claim(), pinned.identity, this.#members(), true, pinned.environ);
     if (!j.ours) {
       pinned.handle.close();
       this.#ignore(from, `MAINPID=${pid}: ${describeRejection(pid, j.why)}`);
       return;
     }
     this.#mainPid?.handle.close();
-    this.#mainPid = { handle: pinned.handle, identity: pinned.identity, from };
+    this.#mainPid = { handle: pinned.handle, identity: pinned.identity, from, by: j.by };
   }
 
   /** Hands an accepted MAINPID to the launch, which makes it the target (recorded from the inspection that accepted it). */
-  #handOffMainPid(): void {
+  async #handOffMainPid(): Promise<void> {
     const next = this.#mainPid;
     if (!next) return;
     this.#mainPid = null;
-    this.#launch.handOff(next);
+    await this.#launch.handOff(next);
   }
 
   /**
@@ -374,7 +399,7 @@ export class NotifyChannel {
     for (const { d } of this.#deferred.splice(0)) this.#take(d, false);
     for (;;) {
       if (this.#error) throw this.#error;
-      this.#handOffMainPid();
+      await this.#handOffMainPid();
       if (this.#ready) return;
       const target = launch.target()?.handle;
       // wait() runs after confirm, which sets the target or fails the launch.

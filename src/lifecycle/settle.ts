@@ -10,6 +10,11 @@
  * ticks; where there is no pidfs id (the js backend, kernels before 6.9),
  * the start ticks of our own unreaped child, whose pid nobody else can
  * take. Anything else keeps the confirmed identity as it was.
+ *
+ * A main process handed off by MAINPID= (ready: 'notify') may have been
+ * named before its exec (a launcher's `cmd & systemd-notify --pid=$!` names
+ * its fork): there a new executable is what it became too, recorded where
+ * the pidfs id proves it the process named.
  */
 import { sameExe } from '../process/identity.js';
 import { pin } from '../process/pin.js';
@@ -17,13 +22,13 @@ import type { ProcessIdentity } from '../types.js';
 
 export interface Settled {
   identity: ProcessIdentity;
-  /** The fields that changed since confirm ('uid', 'argv'), for a warning. */
-  changed: Array<'uid' | 'argv'>;
+  /** The fields that changed since confirm ('uid', 'argv'; 'exe' only for a hand-off), for a warning. */
+  changed: Array<'uid' | 'argv' | 'exe'>;
   /** Why it could not be looked at again (EMFILE...): the confirmed identity stands. */
   error?: Error;
 }
 
-export function settle(confirmed: ProcessIdentity, isChild: boolean): Settled {
+export function settle(confirmed: ProcessIdentity, isChild: boolean, handedOff = false): Settled {
   const unchanged: Settled = { identity: confirmed, changed: [] };
   let now: ProcessIdentity;
   try {
@@ -39,16 +44,18 @@ export function settle(confirmed: ProcessIdentity, isChild: boolean): Settled {
   // not what it became (a crash-looping instance is read so now and then).
   if ((now.argv.length === 0 && confirmed.argv.length > 0) || (now.exe == null && confirmed.exe != null))
     return unchanged;
-  // Another executable since confirm is no title or uid change: the confirmed record stands, and recovery's
-  // mismatch rule judges it.
-  if (!sameExe(now.exe, confirmed.exe)) return unchanged;
   const byPidfs = confirmed.pidfsId != null && now.pidfsId === confirmed.pidfsId;
+  const exec = !sameExe(now.exe, confirmed.exe);
+  // Another executable since confirm is no title or uid change: the confirmed record stands, and recovery's
+  // mismatch rule judges it. Unless the process was handed off, and the kernel names it the one handed.
+  if (exec && !(handedOff && byPidfs)) return unchanged;
   const byChild = confirmed.pidfsId == null && now.pidfsId == null && isChild;
   if (!byPidfs && !byChild) return unchanged;
   const changed: Settled['changed'] = [];
   if (now.uid !== confirmed.uid) changed.push('uid');
   if (now.argv.length !== confirmed.argv.length || now.argv.some((a, i) => a !== confirmed.argv[i]))
     changed.push('argv');
+  if (exec) changed.push('exe');
   if (changed.length === 0) return unchanged;
-  return { identity: { ...confirmed, uid: now.uid, argv: now.argv }, changed };
+  return { identity: { ...confirmed, uid: now.uid, argv: now.argv, exe: now.exe }, changed };
 }

@@ -109,6 +109,11 @@ export interface RunningFacts {
   recordedTitle?: boolean;
   /** The live process runs as neither our uid nor the one the launch declared (or its target dropped to). */
   foreignUid?: boolean;
+  /**
+   * The recorded process was named by MAINPID= (the manifest's handedOff): a member of the instance that may
+   * carry no token, and may have exec'd after it was named. Only the kernel's word proves it.
+   */
+  handedOff?: boolean;
 }
 
 export type RunningStep = Outcome | { do: 'read'; what: 'process' | 'cgroup' | 'ownership' };
@@ -118,6 +123,8 @@ const MISMATCH = new Set(['token', 'expect', 'exe', 'cgroup']);
 const TITLE_MARKS = new Set(['token', 'expect', 'argv']);
 const TITLE_MARKS_ENV_TOKEN = new Set(['expect', 'argv']);
 const PID_REJECTION = new Set(['init', 'self', 'ancestor']);
+/** What a main process handed off by MAINPID= may lack of the launch's marks: it never had to carry them. */
+const HANDED_OFF_MARKS = new Set(['token', 'expect', 'exe', 'argv', 'program', 'environ']);
 
 /** A running manifest: adopted, repaired, cleaned or quarantined, or the next fact to read. */
 export function decideRunning(f: RunningFacts): RunningStep {
@@ -163,6 +170,15 @@ export function decideRunning(f: RunningFacts): RunningStep {
   const titleOnly = v.verdict === 'ok' ? f.recordedTitle === true : v.field === 'argv';
   const marks = f.tokenMode === 'env' ? TITLE_MARKS_ENV_TOKEN : TITLE_MARKS;
   const renamed = !j.ours && kernelProof && titleOnly && marks.has(j.why);
+  // Handed off by MAINPID=, it was taken for being a member, not for its marks: the kernel's proof alone
+  // takes it back as it was recorded. Another executable or title since (a launcher's fork named before its
+  // exec) only by its pidfs id, never another uid's process.
+  if (f.handedOff && (j.ours || HANDED_OFF_MARKS.has(j.why))) {
+    if (v.verdict === 'ok' && kernelProof) return adopted(f);
+    const execd = v.verdict === 'mismatch' && (v.field === 'exe' || v.field === 'argv');
+    if (execd && f.pidfsId === true && f.foreignUid !== true)
+      return { do: 'repair', field: v.field ?? 'exe', reason: 'renamed' };
+  }
   if ((j.ours || renamed) && kernelProof && v.verdict === 'mismatch' && v.field === 'argv')
     return { do: 'repair', field: 'argv', reason: 'renamed' };
   if (!j.ours && !renamed) {

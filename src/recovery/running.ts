@@ -56,6 +56,7 @@ export class RecordedProcess {
       f.tokenMode = m.tokenMode ?? 'argv';
       f.recordedTitle = f.tokenMode === 'argv' && !m.identity.argv.some((a) => a.includes(m.token));
       f.pidfsId = !!m.identity.pidfsId && !!this.live?.identity.pidfsId;
+      f.handedOff = m.handedOff === true;
     } else if (what === 'cgroup') {
       const c = this.#fx.cgroupOf(m);
       this.cgroup = c === 'gone' ? null : c;
@@ -154,7 +155,7 @@ async function keep(
     reason: o.reason,
     message:
       o.reason === 'renamed'
-        ? `${id}: pid ${pid} rewrote its ${o.field} (now ${JSON.stringify(live.identity.argv.join(' ').slice(0, 120))}); the kernel proves it is the process launched, so the record is rewritten`
+        ? `${id}: pid ${pid} ${o.field === 'exe' ? "exec'd since it was recorded" : `rewrote its ${o.field}`} (now ${JSON.stringify(live.identity.argv.join(' ').slice(0, 120))}); the kernel proves it is the process ${m.handedOff ? 'MAINPID= named' : 'launched'}, so the record is rewritten`
         : `${id}: recorded ${o.field} disagreed with the live process; re-proved by its token and paths and rewritten`,
   });
 }

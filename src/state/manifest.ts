@@ -85,6 +85,12 @@ interface ManifestFields {
   restart?: ManifestRestart;
   /** The name of its sd_notify socket (ready: 'notify'), bound again at adoption for its watchdog. */
   notify?: string;
+  /**
+   * Its main process was named by MAINPID= (ready: 'notify'): a member of the instance, which may carry no
+   * token and may have exec'd since it was named. Recovery proves it by its pidfs id or its cgroup, not by its
+   * marks. Absent otherwise.
+   */
+  handedOff?: true;
 }
 
 /**
@@ -326,6 +332,8 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
   }
   if (v.notify !== undefined && !(typeof v.notify === 'string' && /^custody\/notify\/[0-9a-f]{32}$/.test(v.notify)))
     throw bad('notify is malformed');
+  if (v.handedOff !== undefined && !(v.handedOff === true && v.notify !== undefined))
+    throw bad('handedOff is malformed');
   if (v.owed !== undefined) {
     const o = v.owed;
     const ok =

@@ -295,6 +295,83 @@ describe('decideRunning', () => {
       { verdict: argvMismatch, pidfsId: false, cgroup: 'none', judgement: noToken },
       { do: 'quarantine', reason: 'mismatch', field: 'argv' },
     ],
+    // A main process handed off by MAINPID=: a member of the instance, which carries no token of its own.
+    [
+      'handed off, no token, the pidfs id the same: adopted',
+      { handedOff: true, verdict: ok, pidfsId: true, cgroup: 'none', judgement: noToken },
+      { do: 'adopt', why: 'verified' },
+    ],
+    [
+      'handed off, no token, in its instance cgroup without a pidfs id: adopted',
+      { handedOff: true, verdict: ok, pidfsId: false, cgroup: 'same', judgement: noToken },
+      { do: 'adopt', why: 'verified' },
+    ],
+    [
+      'handed off, an env-mode token scrubbed from its environment, the pidfs id the same: adopted',
+      { handedOff: true, tokenMode: 'env', verdict: ok, pidfsId: true, cgroup: 'none', judgement: noToken },
+      { do: 'adopt', why: 'verified' },
+    ],
+    [
+      'handed off, no token, neither pidfs id nor cgroup (js backend): quarantined, never signalled',
+      { handedOff: true, verdict: ok, pidfsId: false, cgroup: 'none', judgement: noToken },
+      { do: 'quarantine', reason: 'mismatch', field: 'token', persist: true },
+    ],
+    [
+      "handed off, exec'd since it was named, the pidfs id the same: renamed",
+      {
+        handedOff: true,
+        verdict: { verdict: 'mismatch', field: 'exe' },
+        pidfsId: true,
+        cgroup: 'none',
+        judgement: noToken,
+        foreignUid: false,
+      },
+      { do: 'repair', field: 'exe', reason: 'renamed' },
+    ],
+    [
+      'handed off, a new title, the pidfs id the same, in its cgroup: renamed',
+      { handedOff: true, verdict: argvMismatch, pidfsId: true, cgroup: 'same', judgement: noToken },
+      { do: 'repair', field: 'argv', reason: 'renamed' },
+    ],
+    [
+      "handed off, exec'd since, in its cgroup but without a pidfs id: start ticks are no proof of an exec, a mismatch",
+      {
+        handedOff: true,
+        verdict: { verdict: 'mismatch', field: 'exe' },
+        pidfsId: false,
+        cgroup: 'same',
+        judgement: noToken,
+      },
+      { do: 'quarantine', reason: 'mismatch', field: 'exe' },
+    ],
+    [
+      "handed off, exec'd since, the pidfs id the same, another uid's: never taken on the record's word",
+      {
+        handedOff: true,
+        verdict: { verdict: 'mismatch', field: 'exe' },
+        pidfsId: true,
+        cgroup: 'none',
+        judgement: noToken,
+        foreignUid: true,
+      },
+      { do: 'quarantine', reason: 'mismatch', field: 'exe' },
+    ],
+    [
+      'handed off, the pidfs id the same, another uid than recorded: unprovable, as any',
+      { handedOff: true, verdict: ok, pidfsId: true, cgroup: 'none', judgement: { ours: false, why: 'uid' } },
+      { do: 'quarantine', reason: 'unprovable', field: 'uid' },
+    ],
+    [
+      'handed off, outside its cgroup with another executable: no proof of the instance',
+      {
+        handedOff: true,
+        verdict: { verdict: 'mismatch', field: 'exe' },
+        pidfsId: true,
+        cgroup: 'same',
+        judgement: { ours: false, why: 'cgroup' },
+      },
+      { do: 'quarantine', reason: 'mismatch', field: 'exe' },
+    ],
   ];
   it.each(cases)('%s', (_, more, decision) => {
     expect(decideRunning(facts(more))).toMatchObject(decision as object);

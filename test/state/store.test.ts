@@ -297,6 +297,12 @@ describe(`the manifest decoder (${backend.name})`, () => {
     expect(() => decode({ state: 'stopping', stoppingSince: since, version: 2 })).toThrow(/unknown state "stopping"/);
     expect(() => decode({ quarantine: q })).toThrow(/a running manifest has a quarantine/);
     expect(() => decode({ state: 'quarantined' })).toThrow(/a quarantined manifest has no quarantine/);
+    // A main process named by MAINPID=: only ever true, and only where the launch had a notify socket.
+    const notify = `custody/notify/${'a'.repeat(32)}`;
+    expect(decode({ notify, handedOff: true }).handedOff).toBe(true);
+    for (const handedOff of [false, 'true', 1, null])
+      expect(() => decode({ notify, handedOff })).toThrow(/handedOff is malformed/);
+    expect(() => decode({ handedOff: true })).toThrow(/handedOff is malformed/);
   });
 
   it('a manifest with a pid beyond pid_max is quarantined as a bad manifest; open does not fail', async () => {

@@ -38,6 +38,7 @@ export function errnoError(code: ErrnoCode, syscall: string, path?: string, deta
   return err;
 }
 
+/** Every `code` a CustodyError can carry. */
 export type CustodyErrorCode =
   | 'ERR_CUSTODY_LAUNCH_EXITED'
   | 'ERR_CUSTODY_CONFIRM_TIMEOUT'
@@ -66,6 +67,7 @@ export type CustodyErrorCode =
   | 'ERR_CUSTODY_BAD_CGROUP'
   | 'ERR_CUSTODY_CGROUP_TIMEOUT';
 
+/** The base of every error custody throws; `code` is stable (CustodyErrorCode), the message is for people. */
 export class CustodyError extends Error {
   readonly code: CustodyErrorCode;
   constructor(code: CustodyErrorCode, message: string, options?: { cause?: unknown }) {
@@ -75,12 +77,14 @@ export class CustodyError extends Error {
   }
 }
 
+/** ERR_CUSTODY_INVALID_ARG: a bad argument (pid, id, signal, spec, option), found before anything is created or signalled. The message names the rule. */
 export class InvalidArgError extends CustodyError {
   constructor(message: string) {
     super('ERR_CUSTODY_INVALID_ARG', message);
   }
 }
 
+/** ERR_CUSTODY_UNSUPPORTED: this backend, kernel or platform cannot do what was asked (e.g. `ready: 'notify'` on the js backend). */
 export class UnsupportedError extends CustodyError {
   constructor(message: string) {
     super('ERR_CUSTODY_UNSUPPORTED', message);
@@ -139,6 +143,7 @@ export class LaunchExitedError extends CustodyError {
   }
 }
 
+/** ERR_CUSTODY_CONFIRM_TIMEOUT: the launched pid did not come to carry the token (and run `executable`) within `confirmTimeoutMs`; the attempt was abandoned. */
 export class ConfirmTimeoutError extends CustodyError {
   readonly id: string;
   readonly pid: number | undefined;
@@ -152,6 +157,7 @@ export class ConfirmTimeoutError extends CustodyError {
   }
 }
 
+/** ERR_CUSTODY_READY_TIMEOUT: the instance was not ready within its bound; the attempt was abandoned. */
 export class ReadyTimeoutError extends CustodyError {
   readonly id: string;
   constructor(id: string, timeoutMs: number, detail: string, options?: { cause?: unknown }) {
@@ -160,6 +166,7 @@ export class ReadyTimeoutError extends CustodyError {
   }
 }
 
+/** ERR_CUSTODY_QUARANTINED: the id is quarantined (recovery could not prove whose its process is); `supervisor.release(id)` clears it. */
 export class QuarantinedError extends CustodyError {
   readonly id: string;
   readonly reason: string | undefined;
@@ -173,6 +180,7 @@ export class QuarantinedError extends CustodyError {
   }
 }
 
+/** ERR_CUSTODY_STATE_LOCKED: another supervisor (`holderPid`) holds the state dir. */
 export class StateLockedError extends CustodyError {
   readonly holderPid: number | null;
   readonly stateDir: string;
@@ -221,6 +229,7 @@ export class UnsafePathError extends CustodyError {
   }
 }
 
+/** ERR_CUSTODY_BAD_MANIFEST: a manifest that is not valid JSON, of an unknown version, or a symlink. */
 export class BadManifestError extends CustodyError {
   readonly path: string;
   constructor(path: string, why: string, options?: { cause?: unknown }) {
@@ -229,6 +238,7 @@ export class BadManifestError extends CustodyError {
   }
 }
 
+/** ERR_CUSTODY_STOP_TIMEOUT: a process was still alive after SIGKILL and its bound. */
 export class StopTimeoutError extends CustodyError {
   readonly pid: number;
   constructor(pid: number, waitedMs: number) {

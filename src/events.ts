@@ -11,7 +11,8 @@ import { callHook } from './lifecycle/hooks.js';
 import type { ExitResult, ExitStatus, InstanceStopResult, OutputTails, ProcessIdentity } from './types.js';
 
 /** What every event carries. */
-interface EventBase<T extends string> {
+export interface EventBase<T extends string> {
+  /** What happened: the event's kind (CustodyEventType). */
   type: T;
   /** Milliseconds since the epoch. */
   time: number;
@@ -20,14 +21,18 @@ interface EventBase<T extends string> {
 }
 
 /** An event about one process of one instance. */
-interface InstanceEvent<T extends string> extends EventBase<T> {
+export interface InstanceEvent<T extends string> extends EventBase<T> {
+  /** The instance's id. */
   id: string;
+  /** The process concerned. */
   pid: number;
 }
 
 /** An event about an instance as a whole, or a launch attempt, rather than one process of it. */
-interface WholeInstanceEvent<T extends string> extends EventBase<T> {
+export interface WholeInstanceEvent<T extends string> extends EventBase<T> {
+  /** The instance's id. */
   id: string;
+  /** Never set: the event is about the instance, not one process. */
   pid?: undefined;
 }
 
@@ -35,23 +40,28 @@ interface WholeInstanceEvent<T extends string> extends EventBase<T> {
 export interface LaunchEvent extends WholeInstanceEvent<'launch'> {
   /** 1 for the first try. */
   attempt: number;
+  /** The launch token this attempt carries (in argv or CUSTODY_TOKEN). */
   token: string;
 }
 /** The attempt's child was spawned: the target itself, or a launcher the target's pid comes from. */
 export type SpawnEvent = InstanceEvent<'spawn'>;
 /** The pid exec'd into the expected program; its identity is recorded from that inspection. */
 export interface ConfirmEvent extends InstanceEvent<'confirm'> {
+  /** The identity recorded from the confirming inspection; null where none could be read. */
   identity: ProcessIdentity | null;
 }
+/** The instance is ready (its socket accepted, its probe or check resolved, or READY=1). */
 export type ReadyEvent = InstanceEvent<'ready'>;
 /** An sd_notify STATUS= line from the instance. */
 export interface StatusEvent extends InstanceEvent<'status'> {
+  /** The STATUS= text. */
   status: string;
 }
 /** Launched: the running manifest is written. */
 export type RunningEvent = InstanceEvent<'running'>;
 /** A failed attempt was undone: every process it made proven gone, its state removed. */
 export interface AbandonEvent extends WholeInstanceEvent<'abandon'> {
+  /** The attempt that failed (1 for the first). */
   attempt: number;
   /** The processes the attempt ended. */
   pids: number[];
@@ -67,6 +77,7 @@ export interface RetryEvent extends WholeInstanceEvent<'retry'> {
 export type EscalateEvent = InstanceEvent<'escalate'>;
 /** stop() ended the instance; its state is gone. */
 export interface StopEvent extends EventBase<'stop'>, InstanceStopResult {
+  /** The instance's id. */
   id: string;
   /** Absent where nothing ran: a pending restart cancelled, a failed instance stopped. */
   pid?: number;
@@ -80,19 +91,23 @@ export interface ExitEvent extends InstanceEvent<'exit'>, ExitStatus, OutputTail
 export interface RestartEvent extends WholeInstanceEvent<'restart'> {
   /** The restart's number since launch() (Instance.restarts once it runs). */
   attempt: number;
+  /** How long until the restart begins, in ms. */
   delayMs: number;
   /** Why the run that ended ended. */
   result: ExitResult;
 }
 /** An instance ended more often than its restart limit allows: it is `failed` until launch() or remove(). */
 export interface GaveUpEvent extends WholeInstanceEvent<'gave-up'> {
+  /** Why the last run ended. */
   result: ExitResult;
   /** The restarts it had. */
   restarts: number;
 }
 /** Something worth an operator's look; custody carried on. */
 export interface WarningEvent extends EventBase<'warning'> {
+  /** The instance concerned, where there is one. */
   id?: string;
+  /** The process concerned, where there is one. */
   pid?: number;
   /** The processes concerned, where there are several. */
   pids?: number[];
@@ -109,6 +124,7 @@ export interface WarningEvent extends EventBase<'warning'> {
 export type AdoptEvent = InstanceEvent<'adopt'>;
 /** Recovery re-proved a process whose recorded `field` disagreed, and rewrote its manifest. */
 export interface RepairEvent extends InstanceEvent<'repair'> {
+  /** The recorded field that disagreed (exe, argv). */
   field: string;
   /**
    * 'renamed': the kernel proves it the very process launched (its pidfs id,
@@ -119,37 +135,55 @@ export interface RepairEvent extends InstanceEvent<'repair'> {
 }
 /** State of an instance that is over was removed (recovery), or its old logs were (nobody signalled). */
 export interface CleanEvent extends EventBase<'clean'> {
+  /** The instance's id. */
   id: string;
+  /** The recorded pid, where there was one. */
   pid?: number;
   /** Why it is over: 'gone', 'rebooted', 'incomplete'. */
   reason?: string;
 }
 /** Recovery could not prove whose the recorded pid is: it will not be signalled. */
 export interface QuarantineEvent extends EventBase<'quarantine'> {
+  /** The instance's id (or the entry's name, for a bad manifest). */
   id: string;
+  /** The recorded pid, where there was one; never signalled. */
   pid?: number;
+  /** Why: 'reused', 'mismatch', 'unrecorded', 'unprovable', 'bad-manifest', ... */
   reason?: string;
+  /** The field that decided, where one did. */
   field?: string;
 }
 /** The operator released a quarantined instance: its state is gone, nothing was signalled. */
 export interface ReleaseEvent extends EventBase<'release'> {
+  /** The instance's id. */
   id: string;
+  /** The recorded pid, where there was one; not signalled. */
   pid?: number;
+  /** Why it was quarantined. */
   reason: string;
 }
 /** A periodic sweep found orphans matching one of its patterns. */
 export interface SweepEvent extends EventBase<'sweep'> {
+  /** Never set: a sweep is about no instance. */
   id?: undefined;
+  /** Never set: see the pid lists. */
   pid?: undefined;
   /** The pattern's argv, in custody's lossless form. */
   argv: string[];
+  /** Whether the sweep only reported (signalled nothing). */
   dryRun: boolean;
+  /** The pids whose argv matched the pattern. */
   matched: number[];
+  /** Those that ended at SIGTERM. */
   terminated: number[];
+  /** Those that needed SIGKILL. */
   killed: number[];
+  /** Those still alive at the deadline. */
   survivors: number[];
 }
+/** The instance's cgroup is frozen (`supervisor.freeze(id)`). */
 export type FreezeEvent = WholeInstanceEvent<'freeze'>;
+/** The instance's cgroup is thawed (`supervisor.thaw(id)`). */
 export type ThawEvent = WholeInstanceEvent<'thaw'>;
 
 /** Every event custody emits, told apart by `type`: `if (e.type === 'stop') e.outcome` type-checks. */
@@ -177,6 +211,7 @@ export type CustodyEvent =
   | FreezeEvent
   | ThawEvent;
 
+/** The `type` of every event: also the diagnostics_channel's name, `custody:<type>`. */
 export type CustodyEventType = CustodyEvent['type'];
 
 /** The event of one type, as a sink receives it. */

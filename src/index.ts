@@ -1,7 +1,7 @@
 export { capabilities } from './backend/index.js';
 export { inspect, verify } from './process/identity.js';
 export { open, spawn, ProcessHandle } from './process/handle.js';
-export type { SpawnOptions, StdioOption } from './process/handle.js';
+export type { SpawnedHandle, SpawnOptions, StdioOption } from './process/handle.js';
 export { terminate } from './process/terminate.js';
 export type { StopResult, TerminateOptions, TerminateResult } from './process/terminate.js';
 export { parseStat, splitCmdline } from './process/proc.js';
@@ -53,7 +53,7 @@ export type { CgroupLimits, CgroupOptions, CgroupUsage } from './process/cgroup.
 export { Supervisor } from './supervisor.js';
 export type { InstanceInfo, InstanceStatus, InstanceSummary, StopOptions, SupervisorOptions } from './options.js';
 export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec, HealthSpec } from './lifecycle/launch.js';
-export type { RestartOptions, RestartWhen } from './lifecycle/restart-policy.js';
+export type { RestartBudget, RestartOptions, RestartPolicy, RestartWhen } from './lifecycle/restart-policy.js';
 export { followLog, logPaths, readLogTail } from './state/logs.js';
 export type { LogFiles, LogOptions } from './state/logs.js';
 export type { RecoveryReport, RecoveryEntry } from './recovery/host.js';
@@ -65,11 +65,13 @@ export type {
   CustodyEvent,
   CustodyEventOf,
   CustodyEventType,
+  EventBase,
   EscalateEvent,
   EventSink,
   ExitEvent,
   FreezeEvent,
   GaveUpEvent,
+  InstanceEvent,
   LaunchEvent,
   QuarantineEvent,
   ReadyEvent,
@@ -84,8 +86,21 @@ export type {
   SweepEvent,
   ThawEvent,
   WarningEvent,
+  WholeInstanceEvent,
 } from './events.js';
-export type { Manifest, ManifestState } from './state/manifest.js';
+export type {
+  BackoffManifest,
+  FailedManifest,
+  Manifest,
+  ManifestRestart,
+  ManifestState,
+  Quarantine,
+  QuarantinedManifest,
+  RunningManifest,
+  StartingManifest,
+  StoppingManifest,
+} from './state/manifest.js';
+export type { TokenMode } from './process/ownership.js';
 export { sweep } from './process/sweep.js';
 export type { SweepOptions, SweepResult } from './process/sweep.js';
 export { descendants, terminateTree } from './process/tree.js';

@@ -14,6 +14,7 @@ import { assertDuration, assertFlag, assertKnownKeys } from './validate.js';
 
 export type { InstanceStopResult, StopResult } from './types.js';
 
+/** The status of an instance in `list()`. */
 export type InstanceStatus =
   | 'starting'
   | 'running'
@@ -44,6 +45,7 @@ export interface InstanceSummary {
 /** @deprecated Renamed InstanceSummary (what list() returns); this alias goes in the next minor version. */
 export type InstanceInfo = InstanceSummary;
 
+/** Options of `Supervisor.open()`. */
 export interface SupervisorOptions {
   /**
    * Custody's own dir: created 0700 if missing, stamped `.custody`; refused
@@ -75,7 +77,12 @@ export interface SupervisorOptions {
    */
   subreaper?: boolean;
   /** Heal leaked helpers while idle: sweep these exact-argv patterns every intervalMs; findings arrive as sweep events. */
-  sweep?: { intervalMs: number; patterns: SweepOptions[] };
+  sweep?: {
+    /** How often, in ms. */
+    intervalMs: number;
+    /** The sweeps to run, each as `sweep()` takes it. */
+    patterns: SweepOptions[];
+  };
   /**
    * Instance cgroups (cgroup v2): `root` is a cgroup directory this process
    * may create cgroups in (created if absent). Each launch gets its own
@@ -93,6 +100,7 @@ export interface SupervisorOptions {
   specs?: Record<string, LaunchSpec>;
 }
 
+/** Options of `supervisor.stop(id, options)`. */
 export interface StopOptions {
   /**
    * Stop the instance, not just its main process (default true): every

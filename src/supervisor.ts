@@ -55,6 +55,7 @@ export type {
   SupervisorOptions,
 } from './options.js';
 
+/** Owns a state dir and the instances in it: `Supervisor.open()` recovers what a previous agent left, then `launch()`, `stop()`, `list()`, `sweep()` and the rest act on instances it can prove are its own. */
 export class Supervisor {
   readonly stateDir: string;
   readonly #store: StateStore;

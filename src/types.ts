@@ -46,7 +46,9 @@ export interface ProcessIdentity {
 
 /** How a process ended. Both null: the kernel could not say (not our child, no PIDFD_INFO_EXIT). */
 export interface ExitStatus {
+  /** The exit code, or null when it ended by a signal or its status is unknown. */
   code: number | null;
+  /** The signal that ended it, or null. */
   signal: NodeJS.Signals | null;
   /** Present (true) where the kernel said the signal wrote a core (CLD_DUMPED); native backend only. */
   coreDumped?: true;
@@ -94,6 +96,7 @@ export interface AfterExitEnd {
  * a `{ file }` it was given, or a pipe. undefined where there is none to read (nothing written, 'ignore').
  */
 export interface OutputTails {
+  /** The last lines of the instance's stderr log (or the stderr pipe), for error messages. */
   stderrTail?: string;
   /** For programs that log to stdout (redis, many containers' entrypoints). */
   stdoutTail?: string;
@@ -101,26 +104,33 @@ export interface OutputTails {
 
 /** How a process, or an instance (Supervisor.stop()), was ended: what is known of its main process. */
 export interface StopResult {
+  /** 'exited': it ended after a signal was sent; 'already-gone': it had ended before. */
   outcome: 'exited' | 'already-gone';
   /** killSignal had to be sent. */
   escalated: boolean;
+  /** The main process's exit code, or null (a signal, or unknown). */
   code: number | null;
+  /** The signal that ended the main process, or null. */
   signal: NodeJS.Signals | null;
 }
 
 /** What Supervisor.stop() resolves with: how the stop went, and why the instance ended (`stopped`, or its own end). */
 export interface InstanceStopResult extends StopResult {
+  /** Why the instance ended (systemd Result= words): `stopped` for a stop, or its own end when it ended first. */
   result: ExitResult;
 }
 
+/** What `verify()` concludes of a recorded identity, in the order it checks: gone, rebooted, unrecorded, reused, mismatch, else ok (unprovable: no way to tell here). */
 export type Verdict = 'ok' | 'gone' | 'rebooted' | 'unprovable' | 'unrecorded' | 'reused' | 'mismatch';
 
+/** The result of `verify()`: the verdict and, for unrecorded and mismatch, the field that decided it. */
 export interface VerifyResult {
   verdict: Verdict;
   /** The field that decided, where one did. */
   field?: string;
 }
 
+/** What `capabilities()` reports: the backend in use, why (when not native), and which guarantees hold here. */
 export interface Capabilities {
   backend: 'native' | 'js';
   /** Why the native backend is not in use, when it is not. */
@@ -165,6 +175,7 @@ export interface Capabilities {
   cgroupReason?: string;
 }
 
+/** Where cgroup v2 is mounted, what the kernel offers, and how this backend places a child in a cgroup. */
 export interface CgroupCapabilities {
   /** The cgroup2 mount point, from /proc/self/mountinfo. */
   mount: string;

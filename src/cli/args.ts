@@ -6,6 +6,9 @@
 import { InvalidArgError } from '../errors.js';
 import { assertId } from '../state/manifest.js';
 
+/** The code a usage error carries under --json. */
+export const USAGE_CODE = 'ERR_CUSTODY_USAGE';
+
 /** A bad invocation: exit 2, this one line on stderr, pointing at the help that explains it. */
 export class UsageError extends Error {
   /** The command whose help to point at; '' for the overview. */
@@ -56,7 +59,7 @@ export interface Command {
 
 export const JSON_OPTION: OptionSpec = {
   name: '--json',
-  help: 'machine-readable output on stdout (one JSON document)',
+  help: 'machine-readable output on stdout (one JSON document); an error is one JSON object on stderr',
 };
 export const STATE_DIR_OPTION: OptionSpec = {
   name: '--state-dir',

@@ -15,12 +15,14 @@ import {
   type OptionSpec,
   parse,
   STATE_DIR_OPTION,
+  USAGE_CODE,
   UsageError,
 } from './args.js';
 import { logsCommand } from './logs.js';
-import { errorLine } from './output.js';
+import { errorJson, errorLine, errorReport } from './output.js';
 import { inspectCommand, sweepCommand } from './process.js';
-import { lsCommand, recoverCommand, releaseCommand, removeCommand, stopCommand } from './state.js';
+import { lsCommand } from './ls.js';
+import { recoverCommand, releaseCommand, removeCommand, stopCommand } from './state.js';
 
 const COMMANDS: Command[] = [
   lsCommand,
@@ -51,6 +53,8 @@ function overview(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length)) + 2;
   return `usage: custody <command> [options]        (or: npx custody <command> [options])
 
+The state dir is --state-dir DIR, or $CUSTODY_STATE_DIR when that is not given.
+
 Supervised processes from the shell: the state dir a custody Supervisor keeps,
 and the same proofs of identity the library makes before it signals anything.
 
@@ -68,7 +72,9 @@ ${optionLines([
 
 Exit status: 0 on success; 1 on an error, one line on stderr saying what went
 wrong in words with its code in brackets (custody: ... [ERR_CUSTODY_STATE_LOCKED]);
-2 on a usage error, one line on stderr.`;
+2 on a usage error, one line on stderr. With --json, an error is one JSON object
+on stderr instead: {"error":{"message":...,"code":...}} (code ${USAGE_CODE}
+for a usage error).`;
 }
 
 function commandHelp(c: Command): string {
@@ -143,15 +149,24 @@ function ownArgs(): string[] {
 // A reader that went away (custody logs ... | head) is not an error.
 process.stdout.on('error', (err: NodeJS.ErrnoException) => process.exit(err.code === 'EPIPE' ? 0 : 1));
 
-main(ownArgs()).then(
+/** --json was asked for (before any `--`): then an error, too, is one JSON object on stderr. */
+function wantsJson(args: string[]): boolean {
+  const end = args.indexOf('--');
+  return (end < 0 ? args : args.slice(0, end)).includes(JSON_OPTION.name);
+}
+
+const args = ownArgs();
+main(args).then(
   (code) => process.exit(code),
   (err: unknown) => {
+    const json = wantsJson(args);
     if (err instanceof UsageError) {
       const help = err.command ? `custody help ${err.command}` : 'custody --help';
-      process.stderr.write(`custody: ${err.message} (see ${help})\n`);
+      const message = `${err.message} (see ${help})`;
+      process.stderr.write(json ? `${errorJson({ message, code: USAGE_CODE })}\n` : `custody: ${message}\n`);
       process.exit(2);
     }
-    process.stderr.write(`custody: ${errorLine(err)}\n`);
+    process.stderr.write(json ? `${errorJson(errorReport(err))}\n` : `custody: ${errorLine(err)}\n`);
     process.exit(1);
   },
 );

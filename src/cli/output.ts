@@ -50,6 +50,9 @@ export function shownArg(arg: string): string {
   return `"${displayArg(escapeControl(arg.replace(/[\\"]/g, '\\$&')))}"`;
 }
 
+/** `reason:field`, or `reason` alone. */
+export const joined = (a: string | undefined, b: string | undefined) => (a && b ? `${a}:${b}` : (a ?? null));
+
 export const shownArgv = (argv: readonly string[]) => argv.map(shownArg).join(' ');
 
 /** Columns padded to their widest cell; `-` for an empty one; `empty` when there are no rows. */
@@ -81,22 +84,40 @@ function errnoWords(e: NodeJS.ErrnoException): string | undefined {
 
 const firstLine = (s: string) => s.split('\n', 1)[0] ?? '';
 
+/** An error as the CLI reports it: what went wrong in words, and its stable code. */
+export interface ErrorReport {
+  message: string;
+  code: string;
+}
+
 /**
- * The error line: `<what went wrong, in words> [<code>]`. custody's own
- * errors already say it in words; a raw errno error (`pidfd_open ESRCH (No
- * such process)`) is said as `cannot pidfd_open: no such process`.
+ * What went wrong, in words, and its code. custody's own errors already say
+ * it in words; a raw errno error (`pidfd_open ESRCH (No such process)`) is
+ * said as `cannot pidfd_open: no such process`.
  */
-export function errorLine(err: unknown): string {
-  if (err instanceof CliError || err instanceof CustodyError) return `${oneLine(firstLine(err.message))} [${err.code}]`;
+export function errorReport(err: unknown): ErrorReport {
+  if (err instanceof CliError || err instanceof CustodyError)
+    return { message: firstLine(err.message), code: err.code };
   const e = err as NodeJS.ErrnoException;
   if (e instanceof Error && typeof e.code === 'string') {
     const words = /^E[A-Z0-9]+$/.test(e.code) ? errnoWords(e) : undefined;
     if (words) {
       const what = [e.syscall, e.path].filter(Boolean).join(' ');
-      return `${oneLine(what ? `cannot ${what}: ${words}` : words)} [${e.code}]`;
+      return { message: what ? `cannot ${what}: ${words}` : words, code: e.code };
     }
-    return `${oneLine(firstLine(e.message))} [${e.code}]`;
+    return { message: firstLine(e.message), code: e.code };
   }
-  if (e instanceof Error) return `${oneLine(firstLine(e.message))} [${e.name}]`;
-  return `${oneLine(String(err))} [ERROR]`;
+  if (e instanceof Error) return { message: firstLine(e.message), code: e.name };
+  return { message: String(err), code: 'ERROR' };
+}
+
+/** The error line: `<what went wrong, in words> [<code>]`. */
+export function errorLine(err: unknown): string {
+  const r = errorReport(err);
+  return `${oneLine(r.message)} [${r.code}]`;
+}
+
+/** The error under --json: one JSON object on one line (for stderr), `{ "error": { message, code } }`. */
+export function errorJson(report: ErrorReport): string {
+  return JSON.stringify({ error: report });
 }

@@ -20,7 +20,7 @@ import {
   UsageError,
   wholeNumber,
 } from './args.js';
-import { CliError, note, print, shownArg, shownArgv, table } from './output.js';
+import { CliError, errorJson, note, print, shownArg, shownArgv, table } from './output.js';
 
 function pidArg(command: string, text: string): number {
   if (!/^-?\d+$/.test(text)) throw new UsageError(`PID must be a number, got ${JSON.stringify(text)}`, command);
@@ -124,6 +124,13 @@ process outlived the deadline.`,
   ],
   takesTail: true,
   async run(p) {
+    // ARGV typed without the `--` before it arrives as arguments: say what is missing.
+    if (p.tail === null && p.positionals.length > 0) {
+      throw new UsageError(
+        `sweep takes ARGV after --, and the -- is missing: custody sweep --exact -- ${shownArgv(p.positionals)}`,
+        p.command,
+      );
+    }
     noArgs(p);
     if (!flag(p, 'exact') || !p.tail || p.tail.length === 0) {
       throw new UsageError('sweep needs --exact -- ARGV... (the whole argv, argv[0] included)', p.command);
@@ -151,7 +158,12 @@ process outlived the deadline.`,
     );
     print(flag(p, 'json'), r, () => table(rows, ['result', 'pid', 'uid', 'argv'], 'no process matched'));
     if (r.survivors.length === 0) return 0;
-    note(`pids ${r.survivors.map((i) => i.pid).join(', ')} outlived the sweep's deadline [ERR_CUSTODY_STOP_TIMEOUT]`);
+    const survived = {
+      message: `pids ${r.survivors.map((i) => i.pid).join(', ')} outlived the sweep's deadline`,
+      code: 'ERR_CUSTODY_STOP_TIMEOUT',
+    };
+    if (flag(p, 'json')) process.stderr.write(`${errorJson(survived)}\n`);
+    else note(`${survived.message} [${survived.code}]`);
     return 1;
   },
 };

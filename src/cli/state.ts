@@ -7,11 +7,10 @@
 import { QuarantinedError } from '../errors.js';
 import type { CustodyEvent } from '../events.js';
 import { STATE_FORMAT } from '../state/statedir.js';
-import { IncompleteInstanceError, assertEntryName } from '../state/manifest.js';
-import { readStateDir, type StateListing } from '../state/reads.js';
+import { assertEntryName } from '../state/manifest.js';
+import { readStateDir } from '../state/reads.js';
 import { type StopResult, Supervisor } from '../supervisor.js';
 import { describeExit } from '../process/exit.js';
-import { verify } from '../process/identity.js';
 import {
   checked,
   type Command,
@@ -26,91 +25,12 @@ import {
   UsageError,
   wholeNumber,
 } from './args.js';
-import { CliError, note, print, shownArgv, table } from './output.js';
-
-const joined = (a: string | undefined, b: string | undefined) => (a && b ? `${a}:${b}` : (a ?? null));
+import { CliError, joined, note, print, table } from './output.js';
 
 /** Formats older than this custody's, by the release that wrote them: 1 is 0.1's (unstamped), 2 is 0.2's. */
 function formatOwner(format: number): string {
   return `custody 0.${format}'s format`;
 }
-
-function formatLine(l: StateListing): string {
-  if (l.format !== null && l.format < STATE_FORMAT) {
-    return `state dir ${l.stateDir}: left by custody 0.${l.format}; the next open upgrades it`;
-  }
-  if (l.format === null) return `state dir ${l.stateDir}: empty`;
-  return `state dir ${l.stateDir}: format ${l.format}`;
-}
-
-export const lsCommand: Command = {
-  name: 'ls',
-  synopsis: 'ls [--state-dir DIR] [--json]',
-  summary: 'instances in a state dir and what their processes verify as (read-only)',
-  description: `Lists every instance of a state dir with its recorded state (backoff and failed
-for one its restart policy restarts), what its process verifies as now (ok, gone,
-reused, mismatch...), why its last run ended and its restarts where recorded, the
-quarantine reason or what it waits for (after-exit: a hook owed; no-spec: a restart
-that needs its spec) where there is one, entries that hold no valid manifest, and
-files at the top that custody did not write. Read-only: no lock is taken and nothing is created or changed, so it also works
-while a supervisor holds the dir. A dir that does not exist is an error.`,
-  options: [STATE_DIR_OPTION, JSON_OPTION],
-  async run(p) {
-    noArgs(p);
-    const listing = readStateDir(stateDirOf(p));
-    const instances = listing.entries.map((entry) => {
-      if (!entry.manifest) {
-        const state = entry.error instanceof IncompleteInstanceError ? 'incomplete' : 'bad-manifest';
-        return {
-          id: entry.name,
-          state,
-          pid: null,
-          verdict: null,
-          field: null,
-          quarantine: null,
-          lastResult: null,
-          restarts: null,
-          waiting: null,
-          command: null,
-          error: entry.error.message,
-        };
-      }
-      const m = entry.manifest;
-      const v = m.identity ? verify(m.identity) : null;
-      return {
-        id: m.id,
-        state: m.state,
-        pid: m.identity?.pid ?? m.owed?.pid ?? null,
-        verdict: v?.verdict ?? null,
-        field: v?.field ?? null,
-        quarantine: m.quarantine,
-        // Why its last run ended, where that is recorded (a restart policy's, or an end whose afterExit is owed).
-        lastResult: m.owed?.result ?? m.restart?.lastExit?.result ?? null,
-        restarts: m.restart?.restarts ?? null,
-        // What it waits for: its afterExit hook (owed), or the spec a restart needs (no-spec).
-        waiting: m.owed ? 'after-exit' : m.state === 'backoff' && m.waiting ? m.waiting : null,
-        command: m.command,
-        error: null,
-      };
-    });
-    const value = { stateDir: listing.stateDir, format: listing.format, instances, foreign: listing.foreign };
-    print(flag(p, 'json'), value, () => {
-      const rows = instances.map((i) => ({
-        ...i,
-        verdict: joined(i.verdict ?? undefined, i.field ?? undefined),
-        reason: i.error ?? joined(i.quarantine?.reason, i.quarantine?.field) ?? i.waiting,
-        last: i.lastResult,
-      }));
-      const lines = [
-        formatLine(listing),
-        table(rows, ['id', 'state', 'pid', 'verdict', 'last', 'restarts', 'reason', 'command'], 'no instances'),
-      ];
-      if (listing.foreign.length) lines.push(`not custody's (left alone): ${shownArgv(listing.foreign)}`);
-      return lines.join('\n');
-    });
-    return 0;
-  },
-};
 
 /**
  * Opens the state dir as a supervisor (never creating it), runs `fn`, and

@@ -109,7 +109,11 @@ function definition(spec: LaunchSpec): Attempt {
   // its own, and only the confirmed target must carry it. In env mode the
   // environment carries it, whatever the argv.
   if (tokenMode === 'argv' && pidSpec === 'child' && !argv.some((a) => a.includes(token))) {
-    throw new InvalidArgError(`args of ${spec.id} must carry the launch token: pass args as a function of the token`);
+    throw new InvalidArgError(
+      `args of ${spec.id} must carry the launch token: pass args as a function of the token ` +
+        `((token) => [..., token]), or, for a program whose argv is fixed (sleep, a daemon that rejects ` +
+        `an extra argument), set token: 'env' to carry it in the environment (CUSTODY_TOKEN) instead`,
+    );
   }
   const paths = [...(spec.paths ?? [])];
   if (spec.ready && typeof spec.ready === 'object') paths.push(spec.ready.socket);

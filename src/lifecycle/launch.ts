@@ -27,8 +27,11 @@ import type { AfterExitEnd, ExitStatus, LastExit, ProcessIdentity } from '../typ
 import { describe, pidMax } from '../validate.js';
 import type { RestartOptions } from './restart-policy.js';
 
+/** A launched (or adopted) instance: a live view that follows its current run (`pid`, `token`, `identity`, `cgroup`) across restarts. */
 export interface Instance {
+  /** The instance's id, as given to launch(). */
   id: string;
+  /** The current run's main process (follows restarts). */
   pid: number;
   /** The 128-bit launch token (hex) the process's argv carries. */
   token: string;
@@ -66,6 +69,7 @@ export interface HealthSpec {
   graceMs?: number;
 }
 
+/** Readiness by a unix socket: ready once it accepts a connection (and `probe`, when given, resolves). */
 export interface SocketReady {
   /** A unix socket the process listens on. A connect proves "bound", not "serving": give a probe to make it exact. */
   socket: string;
@@ -89,8 +93,11 @@ export type ReadySpec = 'notify' | SocketReady | ((instance: Instance) => unknow
 /** The child itself, a pidfile (systemd Type=forking), or a function (sync or async) returning the pid. */
 export type PidSpec = 'child' | { file: string } | (() => number | PromiseLike<number>);
 
+/** What `supervisor.launch(spec)` starts, and how it proves, waits for and stops it. */
 export interface LaunchSpec {
+  /** The instance's name in the state dir: 1-128 characters of [A-Za-z0-9._-], not starting with a dot. */
   id: string;
+  /** The program to run: a path, or a name looked up on PATH. */
   command: string;
   /** The argv after the command; a function receives the launch token, which the argv must carry. */
   args: string[] | ((token: string) => string[]);
@@ -108,6 +115,7 @@ export interface LaunchSpec {
    * carries the target's arguments (its fork, before exec, would match them).
    */
   executable?: string;
+  /** When the instance is ready: a unix socket that accepts (`{ socket, probe? }`), `'notify'` (sd_notify READY=1, native backend), or a function that resolves once it is. Without it, ready once confirmed. */
   ready?: ReadySpec;
   /** A liveness probe once it is ready: `failures` failed probes in a row end it (stop result `health`). */
   health?: HealthSpec;
@@ -153,7 +161,9 @@ export interface LaunchSpec {
   confirmTimeoutMs?: number;
   /** Tries in all, each abandoned cleanly before the next. Default 1. */
   attempts?: number;
+  /** The environment (default: this process's); an undefined value removes a variable. */
   env?: Record<string, string | undefined>;
+  /** The working directory (default: this process's). */
   cwd?: string;
   /**
    * Default: the instance's stdout log (see `logs`); 'ignore' with `logs: false`. Not 'pipe'

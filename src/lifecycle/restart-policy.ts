@@ -11,6 +11,7 @@ import { InvalidArgError } from '../errors.js';
 import type { LastExit } from '../types.js';
 import { assertDuration, assertKnownKeys } from '../validate.js';
 
+/** When a restart policy restarts, as systemd's Restart=. */
 export type RestartWhen = 'no' | 'on-failure' | 'on-abnormal' | 'always';
 
 /** `LaunchSpec.restart`: every field but `when` has a default. */
@@ -22,7 +23,12 @@ export interface RestartOptions {
   /** The delay doubles with each restart in a row, up to this. Default delayMs (no doubling). */
   maxDelayMs?: number;
   /** More than `count` ends within `withinMs` → `failed`. Default { count: 5, withinMs: 10 000 }; withinMs 0: no limit. */
-  limit?: { count: number; withinMs: number };
+  limit?: {
+    /** Ends allowed within the window. */
+    count: number;
+    /** The window, in ms; 0: no limit. */
+    withinMs: number;
+  };
   /** A run this long resets the delay to delayMs. Default limit.withinMs. */
   resetAfterMs?: number;
   /** Exit codes that are clean besides 0 (systemd's SuccessExitStatus=). */

@@ -62,6 +62,7 @@ export interface CgroupLimits {
   cpuMax?: { quotaUsec: number | 'max'; periodUsec?: number };
 }
 
+/** What `supervisor.usage(id)` reads from an instance's cgroup. */
 export interface CgroupUsage {
   /** CPU time of every process the instance ever ran, in microseconds (cpu.stat usage_usec). */
   cpuUsec: number;

@@ -50,8 +50,10 @@ export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessH
   return handle;
 }
 
+/** One stdio slot of a spawned process: `/dev/null`, this process's own, a pipe (the handle's `stdin`/`stdout`/`stderr`), a file opened to append, or an fd of this process. */
 export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };
 
+/** Options of `spawn()`. */
 export interface SpawnOptions {
   /**
    * One value for all three, or [stdin, stdout, stderr]. 'ignore' by default. `{ file }` appends to a regular

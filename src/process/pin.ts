@@ -25,6 +25,7 @@ import type { ExitStatus, ProcessIdentity } from '../types.js';
 /** The pin behind a handle, for this package's own modules only (see holdExit). */
 let refOf: (h: ProcessHandle) => PidRef;
 
+/** A process pinned by a pidfd (native) or its recorded start time (js): signals reach it or nobody, never a later owner of its pid. From `spawn()`, `open()` and an Instance. */
 export class ProcessHandle {
   static {
     refOf = (h) => h.#ref;

@@ -16,6 +16,7 @@ import { TIMED_OUT, within } from '../timing.js';
 import type { ProcessIdentity } from '../types.js';
 import { argvOf, assertDuration } from '../validate.js';
 
+/** Options of `sweep()` and `supervisor.sweep()`. */
 export interface SweepOptions {
   /**
    * The exact argv, argv[0] included, compared byte for byte: each element a
@@ -33,6 +34,7 @@ export interface SweepOptions {
   deadlineMs?: number;
   /** Report what would be ended; signal nothing. */
   dryRun?: boolean;
+  /** Aborts the sweep: what was already signalled stays signalled. */
   signal?: AbortSignal;
   /** Pids never to touch (a supervisor passes its tracked instances). */
   exclude?: Iterable<number>;
@@ -44,6 +46,7 @@ export interface SweepOptions {
   beforeSignal?: (matched: ProcessIdentity[]) => Promise<void> | void;
 }
 
+/** What a sweep found and did: the matched identities, and which ended at SIGTERM, at SIGKILL, or survived. */
 export interface SweepResult {
   /** Every process that matched, proven under its pidfd. */
   matched: ProcessIdentity[];
@@ -77,6 +80,7 @@ export function validateSweep(options: SweepOptions): string[] {
   return argv;
 }
 
+/** Ends orphans by exact argv: every process whose argv equals `argv` token for token, ours, never pid 1, the caller or its ancestors, re-checked under its pidfd before any signal; SIGTERM, then SIGKILL after `graceMs`, within `deadlineMs`. */
 export async function sweep(options: SweepOptions): Promise<SweepResult> {
   const argv = validateSweep(options);
   const uid = options.uid ?? process.getuid?.() ?? -1;

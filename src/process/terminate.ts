@@ -20,6 +20,7 @@ import { assertDuration, assertSignallable } from '../validate.js';
 // signalling code (an import cycle). Re-exported for the public API.
 export type { StopResult };
 
+/** Options of `terminate()` and `terminateTree()`. */
 export interface TerminateOptions {
   /** The polite signal. Default SIGTERM. */
   termSignal?: NodeJS.Signals | number;
@@ -86,6 +87,7 @@ export function terminateParams(handle: unknown, options: TerminateOptions, what
   return params;
 }
 
+/** Ends one process: `termSignal` (SIGTERM), a bounded wait (`graceMs`), then `killSignal` (SIGKILL) and a wait bounded by `killWaitMs` until it is proven gone. A process already gone is success (`already-gone`). Refuses pid 1 and the caller itself. */
 export async function terminate(handle: ProcessHandle, options: TerminateOptions = {}): Promise<StopResult> {
   const { termSignal, killSignal, graceMs, killWaitMs } = terminateParams(handle, options, 'terminate');
   const abort = options.signal;

@@ -423,6 +423,7 @@ export async function terminateMembers(
   }
 }
 
+/** Options of `terminateTree()`: those of `terminate()` and which members count. */
 export interface TreeTerminateOptions extends TerminateOptions, MembersOptions {}
 
 export interface TreeTerminateResult extends StopResult {

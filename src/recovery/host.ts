@@ -10,6 +10,7 @@ import type { ProcessHandle } from '../process/handle.js';
 import type { BackoffManifest, FailedManifest, Manifest, RunningManifest } from '../state/manifest.js';
 import type { StateStore } from '../state/store.js';
 
+/** One manifest of a RecoveryReport: its id, pid, and why it ended as it did. */
 export interface RecoveryEntry {
   id: string;
   pid?: number;
@@ -17,6 +18,7 @@ export interface RecoveryEntry {
   field?: string;
 }
 
+/** What recovery did with each manifest when the supervisor opened (`Supervisor.open()`'s `report`, `supervisor.recover()`). */
 export interface RecoveryReport {
   adopted: RecoveryEntry[];
   repaired: RecoveryEntry[];

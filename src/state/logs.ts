@@ -44,6 +44,7 @@ import { loopSlices } from '../timing.js';
 // Reading a log (a tail, a follow) is log-read.ts's; exported here too, where the logs' other names are.
 export { errorTail, followLog, OUTPUT_TAIL_BYTES, readLogTail } from './log-read.js';
 
+/** How an instance's stdout and stderr are kept in its log files (LaunchSpec.logs). */
 export interface LogOptions {
   /** A file past this size is rotated. Default 8 MiB. */
   maxBytes?: number;
@@ -51,9 +52,13 @@ export interface LogOptions {
   keep?: number;
 }
 
+/** The log files of an instance, from `logPaths(stateDir, id)`. */
 export interface LogFiles {
+  /** The instance's log dir: <stateDir>/.logs/<id>. */
   dir: string;
+  /** Its stdout log (stdout.log; the previous run's is stdout.log.1). */
   stdout: string;
+  /** Its stderr log (stderr.log; the previous run's is stderr.log.1). */
   stderr: string;
 }
 

@@ -21,6 +21,7 @@ const READABLE_VERSIONS: readonly unknown[] = [1, 2, MANIFEST_VERSION];
 export const MANIFEST = 'manifest.json';
 export const MAX_MANIFEST_BYTES = 1 << 20;
 
+/** The state a manifest records (`custody ls`'s STATE). */
 export type ManifestState = 'starting' | 'running' | 'stopping' | 'quarantined' | 'backoff' | 'failed';
 
 /** An instance's restart policy and the budget it has used, carried by each of its manifests. */
@@ -138,6 +139,7 @@ export interface StoppingManifest extends ManifestFields {
  */
 export const ABANDON_LEFT = 'abandon-left';
 
+/** Why an instance is quarantined, as its manifest records it. */
 export interface Quarantine {
   reason: string;
   field?: string;

@@ -50,8 +50,8 @@ describe(`custody ls, stop and remove on restart state (${backend.name})`, () =>
       expect.objectContaining({ id: 'waits', state: 'backoff', pid: null, lastResult: 'exit-code', restarts: 1 }),
     ]);
     const human = (await runCli(['ls', '--state-dir', stateDir])).stdout.split('\n');
-    expect(human[2]).toMatch(/^gaveUp\s+failed\s+-\s+-\s+exit-code\s+0\s+-\s+/);
-    expect(human[3]).toMatch(/^waits\s+backoff\s+-\s+-\s+exit-code\s+1\s+-\s+/);
+    expect(human[2]).toMatch(/^gaveUp\s+failed\s+-\s+-\s+-\s+exit-code\s+0\s+-\s+/);
+    expect(human[3]).toMatch(/^waits\s+backoff\s+-\s+-\s+-\s+exit-code\s+1\s+-\s+/);
 
     const stop = await runCli(['stop', 'waits', '--state-dir', stateDir, '--json']);
     expect(stop.code, stop.stderr).toBe(0);

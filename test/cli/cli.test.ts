@@ -20,6 +20,7 @@ import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
+import { prefixLines } from '../../src/cli/logs.js';
 import { inspect, logPaths, spawn, Supervisor } from '../../src/index.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { endOwn, isGone, isRoot, loggedSignals, MARKER, tmpDir, unusedPid, waitFor } from '../helpers/procs.js';
@@ -295,6 +296,8 @@ describe(`custody CLI: help, version, usage (${backend.name})`, { timeout: MANY_
     const text = ok(long);
     expect(text).toMatch(/^usage: custody <command> \[options\]/);
     expect(text).toContain('npx custody');
+    // Where the state dir comes from is in the first lines, before the commands.
+    expect(text.split('\n').slice(0, 4).join('\n')).toMatch(/--state-dir DIR, or \$CUSTODY_STATE_DIR/);
     for (const c of [...commands, 'help']) expect(text).toMatch(new RegExp(`^  ${c} +\\S`, 'm'));
     expect(ok(short)).toBe(text);
     expect(ok(word)).toBe(text);
@@ -351,10 +354,38 @@ describe(`custody CLI: help, version, usage (${backend.name})`, { timeout: MANY_
       [['release', '../x', '--state-dir', missing], /not a name in a state dir/],
       [['sweep', '--', 'sleep', '300'], /sweep needs --exact -- ARGV/],
       [['sweep', '--exact'], /sweep needs --exact -- ARGV/],
+      // ARGV typed without its `--`: the message says so, and how the line should read.
+      [['sweep', '--exact', 'sleep', '300'], /the -- is missing: custody sweep --exact -- sleep 300 /],
       [['sweep', '--exact', '--uid', 'me', '--', 'sleep'], /--uid must be a whole number/],
     ];
     const runs = await cliAll(cases.map(([args]) => args));
     for (const [i, [, message]] of cases.entries()) usage(runs[i], message);
+    expect(existsSync(missing)).toBe(false);
+  });
+
+  it('under --json an error is one JSON object on stderr: a usage error (exit 2) and an error (exit 1)', async () => {
+    const root = scratch();
+    const missing = join(root, 'state');
+    const [bad, absent, plain] = await cliAll([
+      ['ls', '--json', '--bogus'],
+      ['ls', '--json', '--state-dir', missing],
+      ['ls', '--state-dir', missing],
+    ]);
+    const oneObject = (r: Run | undefined, code: number) => {
+      const x = ran(r);
+      expect(x.code, x.stderr).toBe(code);
+      expect(x.stdout).toBe('');
+      expect(x.stderr).toMatch(/^\{[^\n]*\}\n$/);
+      return JSON.parse(x.stderr);
+    };
+    expect(oneObject(bad, 2)).toEqual({
+      error: { code: 'ERR_CUSTODY_USAGE', message: 'unknown option --bogus for ls (see custody help ls)' },
+    });
+    expect(oneObject(absent, 1)).toEqual({
+      error: { code: 'ERR_CUSTODY_NO_STATE_DIR', message: `state dir ${missing} does not exist` },
+    });
+    // Without --json the same error is the line in words.
+    failure(plain, 'ERR_CUSTODY_NO_STATE_DIR');
     expect(existsSync(missing)).toBe(false);
   });
 });
@@ -416,15 +447,33 @@ describe(`custody ls (${backend.name})`, () => {
       expect.objectContaining({ id: 'ok', state: 'running', pid: s.pids.ok, verdict: 'ok', command: PYTHON }),
     ]);
     // The same from $CUSTODY_STATE_DIR, and with the option before the command.
-    expect(JSON.parse(ok(await cli(['ls', '--json'], { CUSTODY_STATE_DIR: s.stateDir })))).toEqual(json);
+    // (Uptime is whole seconds: it may have moved on between the two runs.)
+    const timeless = (j: { instances: Array<Record<string, unknown>> }) => ({
+      ...j,
+      instances: j.instances.map(({ uptimeSeconds: _, ...rest }) => rest),
+    });
+    const fromEnv = JSON.parse(ok(await cli(['ls', '--json'], { CUSTODY_STATE_DIR: s.stateDir })));
+    expect(timeless(fromEnv)).toEqual(timeless(json));
     const human = ok(await cli(['--state-dir', s.stateDir, 'ls'])).split('\n');
     expect(human[0]).toBe(`state dir ${s.stateDir}: format 3`);
-    expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+LAST\s+RESTARTS\s+REASON\s+COMMAND$/);
+    expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+UPTIME\s+LAST\s+RESTARTS\s+REASON\s+ARGS$/);
+    // The arguments, not only argv[0]: the process's argv as recorded, clipped to the column.
+    const args = (id: string) => json.instances.find((i: { id: string }) => i.id === id).argv as string[];
+    expect(args('ok')).toEqual(inspect(s.pids.ok!).argv);
+    expect(args('ok').length).toBeGreaterThan(2);
+    const shown = (id: string) => args(id).join(' ').slice(0, 99);
+    // A process that no longer verifies has no uptime; one that does has run a while.
     expect(human[2]).toMatch(
-      new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+-\\s+-\\s+${PYTHON}$`),
+      new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+-\\s+0\\s+-\\s+`),
     );
-    expect(human[3]).toMatch(/^half\s+incomplete\s+-\s+-\s+-\s+-\s+manifest .*no manifest/);
-    expect(human[4]).toMatch(new RegExp(`^ok\\s+running\\s+${s.pids.ok}\\s+ok\\s+-\\s+-\\s+-\\s+${PYTHON}$`));
+    expect(human[2]).toContain(shown('bad'));
+    expect(human[3]).toMatch(/^half\s+incomplete\s+-\s+-\s+-\s+-\s+-\s+manifest .*no manifest/);
+    expect(human[4]).toMatch(new RegExp(`^ok\\s+running\\s+${s.pids.ok}\\s+ok\\s+\\d+(s|m\\d\\ds)\\s+-\\s+0\\s+-\\s+`));
+    expect(human[4]).toContain(shown('ok'));
+    const okRow = json.instances.find((i: { id: string }) => i.id === 'ok');
+    expect(okRow).toMatchObject({ restarts: 0, uptimeSeconds: expect.any(Number) });
+    expect(okRow.uptimeSeconds).toBeGreaterThanOrEqual(0);
+    expect(json.instances.find((i: { id: string }) => i.id === 'bad')).toMatchObject({ uptimeSeconds: null });
     expect(human.slice(5)).toEqual(["not custody's (left alone): notes.txt", '']);
     expect(snapshot(s.stateDir)).toEqual(before);
   });
@@ -579,6 +628,54 @@ describe(`custody recover, release, stop (${backend.name})`, () => {
     // Our child: its status is ours to read, and it is what the kernel said.
     expect(await h.exited).toEqual({ code: null, signal: 'SIGTERM' });
     expect(existsSync(join(stateDir, 'vm-a'))).toBe(false);
+  });
+});
+
+/** Runs argv with stdin, stdout and stderr on one new terminal (a pty): what a user at a shell sees, \r\n as \n. */
+const ON_TERMINAL = `
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b''
+while True:
+    try:
+        d = os.read(fd, 65536)
+    except OSError:
+        break
+    if not d:
+        break
+    out += d
+_, status = os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+sys.exit(os.waitstatus_to_exitcode(status))
+`;
+
+async function cliOnTerminal(args: string[]): Promise<Run> {
+  const r = await run(PYTHON, ['-c', ON_TERMINAL, process.execPath, CLI, ...args]);
+  return { ...r, stdout: r.stdout.replaceAll('\r\n', '\n') };
+}
+
+describe(`custody logs on one terminal (${backend.name})`, () => {
+  it('both logs to one terminal: each line says its log (stdout| or stderr|); --stream and a pipe stay plain', async () => {
+    const d = await chattyInstance();
+    const both = await cliOnTerminal(['logs', 'vm', '--state-dir', d.stateDir]);
+    expect(both).toEqual({ code: 0, stdout: `stdout|out 1\nstdout|child ${d.child}\nstderr|err 1\n`, stderr: '' });
+    const one = await cliOnTerminal(['logs', 'vm', '--stream', 'stderr', '--state-dir', d.stateDir]);
+    expect(one).toEqual({ code: 0, stdout: 'err 1\n', stderr: '' });
+    // --follow prints chunks that may end mid-line: only a line's start gets the prefix.
+    const a = prefixLines('stdout', 'one\ntw', true);
+    const b = prefixLines('stdout', 'o\nthree\n', a.atStart);
+    expect([a, b]).toEqual([
+      { text: 'stdout|one\nstdout|tw', atStart: false },
+      { text: 'o\nstdout|three\n', atStart: true },
+    ]);
+    // Not a terminal (pipes, as here): each log on its namesake stream, as written.
+    expect(await cli(['logs', 'vm', '--state-dir', d.stateDir])).toEqual({
+      code: 0,
+      stdout: `out 1\nchild ${d.child}\n`,
+      stderr: 'err 1\n',
+    });
   });
 });
 

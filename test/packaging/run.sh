@@ -70,7 +70,11 @@ tarball_contents() {
     binding.gyp native/addon.cc scripts/install.cjs README.md LICENSE CHANGELOG.md; do
     grep -qx "package/$f" <<<"$list" || { echo "missing $f"; return 1; }
   done
-  if grep -E '\.map$|^package/(src|test|bench|examples|\.github|\.ci)/|CMakeLists' <<<"$list"; then
+  for f in examples/quickstart.js examples/adopt.js examples/restart.js examples/notify-daemon.js \
+    examples/commonjs.cjs examples/typescript.ts examples/qemu.js examples/qmp.js; do
+    grep -qx "package/$f" <<<"$list" || { echo "missing $f"; return 1; }
+  done
+  if grep -E '\.map$|^package/(src|test|bench|examples/\.build|\.github|\.ci)/|CMakeLists' <<<"$list"; then
     echo "ships files it does not need"
     return 1
   fi
@@ -112,6 +116,30 @@ check "ESM consumer: import loads the prebuild (native)" run_app env EXPECT_BACK
 check "CommonJS consumer: require() loads the prebuild (native), inspect() synchronous" run_app env EXPECT_BACKEND=native node consumer.cjs
 check "CUSTODY_BACKEND=js: js backend, says it was forced" \
   run_app env CUSTODY_BACKEND=js EXPECT_BACKEND=js EXPECT_REASON='CUSTODY_BACKEND=js' node consumer.mjs
+
+# Every shipped example, run from the installed package as a user runs it (each ends what it starts).
+ex="$pkg/examples"
+for f in quickstart.js adopt.js restart.js notify-daemon.js commonjs.cjs hostagent-sweep.js demo.js; do
+  check "example $f runs from the installed package" run_app node "$ex/$f"
+done
+if command -v qemu-system-x86_64 >/dev/null; then
+  check "example qemu.js runs from the installed package (real QEMU, QMP probe shipped beside it)" run_app node "$ex/qemu.js"
+else
+  echo "skip - example qemu.js: no qemu-system-x86_64 here (.ci/run installs it)"
+fi
+# The TypeScript one, as a consumer compiles it: strict, its own tsconfig, the package's types.
+ts_example() {
+  local dir="$app/ts-example"
+  mkdir -p "$dir"
+  cp "$ex/typescript.ts" "$dir/"
+  cat >"$dir/tsconfig.json" <<EOF
+{ "compilerOptions": { "module": "NodeNext", "moduleResolution": "NodeNext", "target": "ES2022", "strict": true,
+  "skipLibCheck": false, "types": ["node"], "typeRoots": ["$root/node_modules/@types"], "outDir": "out" },
+  "files": ["typescript.ts"] }
+EOF
+  (cd "$dir" && node "$root/node_modules/typescript/bin/tsc" -p .) && run_in "$dir" node out/typescript.js
+}
+check "example typescript.ts compiles (strict) and runs in the consumer project" ts_example
 
 # The library's floor is Node 20.0.0 (engines); the development floor is higher (devEngines).
 floor_node() {

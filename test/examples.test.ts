@@ -70,6 +70,9 @@ describe(`the shipped examples (${backend.name})`, () => {
     rmSync(out, { recursive: true, force: true });
     execFileSync(process.execPath, [TSC, '-p', EXAMPLES, '--outDir', out], { stdio: 'pipe' });
     expect(existsSync(join(out, 'typescript.js'))).toBe(true);
-    await runs(join('.build', backend.name, 'typescript.js'), [/^second launch refused: ERR_CUSTODY_BUSY$/m, /^stop: exited/m]);
+    await runs(join('.build', backend.name, 'typescript.js'), [
+      /^second launch refused: ERR_CUSTODY_BUSY$/m,
+      /^stop: exited/m,
+    ]);
   });
 });

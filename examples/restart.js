@@ -9,7 +9,6 @@ import { Supervisor } from 'custody';
 const dir = mkdtempSync(join(tmpdir(), 'custody-restart-'));
 const { supervisor } = await Supervisor.open({
   stateDir: join(dir, 'state'),
-  ref: true, // hold the event loop while instances run (and between restarts)
   onEvent: (e) => {
     if (e.type === 'exit') console.log(`exit     pid ${e.pid}: ${e.result} (code ${e.code})`);
     if (e.type === 'restart') console.log(`restart  #${e.attempt} in ${e.delayMs} ms`);

@@ -34,6 +34,7 @@ import type { LifecycleHost } from './lifecycle/host.js';
 import {
   describeTracked,
   InstanceTable,
+  lifeOf,
   pinnedOf,
   shownStatus,
   type Life,
@@ -554,6 +555,8 @@ export class Supervisor {
     for (const t of this.#table.values()) {
       // Its manifest says backoff: the next open restarts it when it is due.
       if (t.status === 'backoff') disarm(t);
+      // Its exited will not settle in this supervisor: whoever awaits it must not keep the process alive.
+      lifeOf(t)?.letGo();
       pinnedOf(t)?.handle.close();
       if (t.status === 'stopping') for (const m of t.members) m.close();
     }

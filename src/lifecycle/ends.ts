@@ -9,6 +9,7 @@
  * those recovery finds (a process gone while no supervisor ran).
  */
 import { holdsLoop } from '../options.js';
+import { awaitedSettle } from '../process/awaited.js';
 import type {
   BackoffManifest,
   FailedManifest,
@@ -17,7 +18,7 @@ import type {
   StoppingManifest,
 } from '../state/manifest.js';
 import { TIMED_OUT, within } from '../timing.js';
-import type { AfterExitEnd, ExitStatus, LastExit } from '../types.js';
+import type { AfterExitEnd, LastExit } from '../types.js';
 import { callHook } from './hooks.js';
 import type { LifecycleHost } from './host.js';
 import type { AfterExitHook, Backoff, Failed, Life, Rest, Tracked } from './instances.js';
@@ -33,8 +34,7 @@ export function newLife(spec: LaunchSpec, carried?: Life): Life | undefined {
 }
 
 function makeLife(spec: LaunchSpec | null, policy: RestartPolicy): Life {
-  let settle: (s: ExitStatus) => void = () => {};
-  const exited = new Promise<ExitStatus>((resolve) => (settle = resolve));
+  const { promise: exited, settle, letGo } = awaitedSettle();
   return {
     spec,
     policy,
@@ -44,6 +44,7 @@ function makeLife(spec: LaunchSpec | null, policy: RestartPolicy): Life {
     lastExit: null,
     settle,
     exited,
+    letGo,
     relaunching: false,
   };
 }

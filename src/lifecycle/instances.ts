@@ -60,7 +60,10 @@ export interface Life {
   lastExit: LastExit | null;
   /** Settles `view.exited` (and `exited` before there is a view). */
   settle: (s: ExitStatus) => void;
+  /** Holds the event loop while someone waits on it, from run to run, until it settles or letGo(). */
   exited: Promise<ExitStatus>;
+  /** Stops `exited` holding the loop without settling it (the supervisor closes; the instance runs on). */
+  letGo: () => void;
   /** A restart's launch is in flight: its failure is one more end, not the caller's error. */
   relaunching: boolean;
   /** What such a failed launch left the instance as, for the restart to move it there once the launch is over. */
@@ -169,6 +172,12 @@ export interface Deferred {
 }
 
 export type Tracked = Starting | Running | Exited | Stopping | Quarantined | Deferred | Backoff | Failed | Owed;
+
+/** The restart policy's life an entry belongs to, where it has one (a stop in flight: that of what it stops). */
+export function lifeOf(t: Tracked): Life | undefined {
+  if (t.status === 'stopping') return t.from.life;
+  return 'life' in t ? t.life : undefined;
+}
 export type TrackedStatus = Tracked['status'];
 /** Not in the table: never launched, or proven gone and forgotten. */
 export type Untracked = 'untracked';

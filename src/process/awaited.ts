@@ -49,3 +49,68 @@ class ExitPromise extends Promise<ExitStatus> {
 export function awaitedExit(handle: ProcessHandle): Promise<ExitStatus> {
   return new ExitPromise(handle);
 }
+
+/** The longest timer Node keeps as asked (2^31 − 1 ms); a hold re-arms nothing, it only keeps the loop alive. */
+const HOLD_MS = 2 ** 31 - 1;
+
+/**
+ * A promise settled by its owner that, like an instance's `exited` above,
+ * holds the event loop once someone waits on it, until it settles or the
+ * owner lets go. It is the `exited` of an instance with a restart policy,
+ * which outlives any one process's watch: between runs (a backoff's timer
+ * does not hold the loop) nothing else would keep `await inst.exited` alive.
+ */
+export interface AwaitedSettle {
+  promise: Promise<ExitStatus>;
+  settle: (status: ExitStatus) => void;
+  /** Stops holding the loop without settling (Supervisor.close: the instance runs on, unwatched). */
+  letGo: () => void;
+}
+
+class HeldPromise extends Promise<ExitStatus> {
+  static override get [Symbol.species]() {
+    return Promise;
+  }
+
+  #hold: (() => void) | null = null;
+
+  static make(): AwaitedSettle {
+    let resolve!: (status: ExitStatus) => void;
+    const promise = new HeldPromise((r) => {
+      resolve = r;
+    });
+    let timer: NodeJS.Timeout | null = null;
+    let done = false;
+    const letGo = () => {
+      done = true;
+      if (timer) clearInterval(timer);
+      timer = null;
+    };
+    promise.#hold = () => {
+      if (!done && !timer) timer = setInterval(() => {}, HOLD_MS);
+    };
+    return {
+      promise,
+      settle: (status) => {
+        letGo();
+        resolve(status);
+      },
+      letGo,
+    };
+  }
+
+  // biome-ignore lint/suspicious/noThenProperty: waiting on the promise is what must hold the loop (see ExitPromise).
+  override then<A = ExitStatus, B = never>(
+    onFulfilled?: ((status: ExitStatus) => A | PromiseLike<A>) | null,
+    onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B> {
+    this.#hold?.();
+    this.#hold = null;
+    return super.then(onFulfilled, onRejected);
+  }
+}
+
+/** A settle-once `exited` that holds the loop while waited on (see AwaitedSettle). */
+export function awaitedSettle(): AwaitedSettle {
+  return HeldPromise.make();
+}

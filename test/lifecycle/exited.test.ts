@@ -4,7 +4,8 @@
  * exit and reports it (it used to end at once with code 13, its top-level
  * await unsettled, because the supervisor's exit watch does not hold the
  * loop); a script that does not wait ends while its daemon runs on,
- * unless its supervisor was opened with `ref` (or its old name keepAlive).
+ * unless its supervisor was opened with `ref` (or its old name keepAlive). An
+ * instance with a restart policy holds it across its restarts' backoffs too.
  */
 import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -87,6 +88,28 @@ describe(`awaiting Instance.exited (${backend.name})`, () => {
         .map((l) => JSON.parse(l));
       expect(launched.pid).toBeGreaterThan(1);
       expect(ended).toEqual({ status: { code: 7, signal: null } });
+      expect(isOurs(launched.pid)).toBe(false);
+    } finally {
+      dir.cleanup();
+    }
+  });
+
+  it('with a restart policy, holds the loop across the backoff until the policy gives up; the script exits 0', async () => {
+    const dir = tmpDir('custody-exited-');
+    try {
+      // Each run exits 3 once the gate is there; the first end is restarted after 300 ms (a backoff timer
+      // holds nothing), the second leaves it failed, and only then does exited settle.
+      const restart = { when: 'on-failure', delayMs: 300, limit: { count: 1, withinMs: 60_000 } };
+      const script = `${launchScript(dir.path, untilGate(3)).replace("id: 'brief',", `id: 'brief', restart: ${JSON.stringify(restart)},`)}
+        const status = await inst.exited;
+        console.log(JSON.stringify({ status, restarts: inst.restarts }));`;
+      const r = await runScript(script, 20_000);
+      expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
+      const [launched, ended] = r.stdout
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
+      expect(ended.restarts).toBe(1);
       expect(isOurs(launched.pid)).toBe(false);
     } finally {
       dir.cleanup();

@@ -8,15 +8,18 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
+import { parseCgroupV2Line } from '../../src/backend/procview.js';
 import { type LaunchSpec, Supervisor } from '../../src/index.js';
 import { expectedUid } from '../../src/process/ownership.js';
 import { decodeManifest } from '../../src/state/manifest.js';
+import { CGROUP_ROOT, CGROUP_SKIP, cgroupsBelow, expectNoCgroupsLeft } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
 import { runCli } from '../helpers/cli.js';
 import { isGone, isRoot, MARKER } from '../helpers/procs.js';
 import { openSupervisor, PERL } from '../helpers/supervisor.js';
 
 const cleanups = cleanupAfterEach({ marker: MARKER });
+expectNoCgroupsLeft();
 
 const NOBODY = 65534;
 const native = backend.name === 'native';
@@ -30,8 +33,8 @@ const sleeper = (id: string, extra: Partial<LaunchSpec> = {}): LaunchSpec => ({
   ...extra,
 });
 
-async function supervisorCtx() {
-  const ctx = await openSupervisor();
+async function supervisorCtx(cgroup = false) {
+  const ctx = await openSupervisor(cgroup ? { cgroup: { root: CGROUP_ROOT } } : {});
   cleanups.push(() => ctx.dispose());
   return ctx;
 }
@@ -117,6 +120,36 @@ describe(`exec attributes through launch (${backend.name})`, () => {
     }
     expect(readdirSync(ctx.stateDir).filter((n) => !n.startsWith('.'))).toEqual([]);
     expect(existsSync(join(ctx.stateDir, '.logs', 'bad'))).toBe(false);
+  });
+
+  it('in an instance cgroup: native joins it first, then drops to runAs.uid; js refuses runAs there; no cgroup left', async (t) => {
+    t.skip(CGROUP_SKIP !== null, CGROUP_SKIP ?? '');
+    t.skip(!isRoot(), 'runAs to another uid needs root');
+    const ctx = await supervisorCtx(true);
+    const spec = sleeper('caged', { runAs: { uid: NOBODY, gid: NOBODY }, rlimits: { nofile: 128 } });
+    const mine = () => cgroupsBelow(CGROUP_ROOT).filter((d) => d.includes('/caged.'));
+    if (!native) {
+      // The wrapper that writes cgroup.procs would run as nobody (child_process drops the uid first).
+      await expect(ctx.supervisor.launch(spec)).rejects.toMatchObject({ code: 'ERR_CUSTODY_UNSUPPORTED' });
+      expect(mine()).toEqual([]);
+      return;
+    }
+    const inst = await ctx.supervisor.launch(spec);
+    expect(inst.cgroup).not.toBeNull();
+    // Joined as root before the uid drop: /proc/<pid>/cgroup names the instance's cgroup.
+    const node = parseCgroupV2Line(readFileSync(`/proc/${inst.pid}/cgroup`, 'utf8'));
+    expect(node && inst.cgroup?.endsWith(node)).toBe(true);
+    expect(inst.identity.uid).toBe(NOBODY);
+    expect(limitOf(inst.pid, 'Max open files')).toEqual(['128', '128']);
+    await ctx.supervisor.stop('caged', { graceMs: 5000 });
+    expect(mine()).toEqual([]);
+    // A refused step in a cgroup: the abandon removes the cgroup it made.
+    const nrOpen = Number(readFileSync('/proc/sys/fs/nr_open', 'utf8').trim());
+    await expect(ctx.supervisor.launch({ ...spec, rlimits: { nofile: nrOpen + 1 } })).rejects.toMatchObject({
+      code: 'EPERM',
+      syscall: 'prlimit64',
+    });
+    expect(mine()).toEqual([]);
   });
 
   it('noNewPrivileges (native): the instance runs with no_new_privs', async (t) => {

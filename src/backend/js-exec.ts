@@ -52,9 +52,6 @@ export const JS_EXEC_SUPPORT = {
     'no oomScoreAdj below ours',
 };
 
-const unsupported = (why: string) =>
-  new UnsupportedError(`the js backend cannot ${why}; use the native backend (capabilities().exec)`);
-
 /** This process's hard limit of `name` (Infinity for unlimited). */
 function ourHardLimit(name: RlimitName): number {
   const row = new RegExp(`^${LIMITS_ROW[name]}\\s+\\S+\\s+(\\S+)`, 'm').exec(readProcText('/proc/self/limits'));
@@ -87,7 +84,7 @@ export function checkJsExec(x: ExecAttrs, cgroup: boolean): void {
 }
 
 function unsupportedThrow(why: string): never {
-  throw unsupported(why);
+  throw new UnsupportedError(`the js backend cannot ${why}; use the native backend (capabilities().exec)`);
 }
 
 /** Whether the wrapper has something to do for x (runAs alone is child_process's). */

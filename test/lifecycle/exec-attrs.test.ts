@@ -65,6 +65,8 @@ describe(`exec attributes through launch (${backend.name})`, () => {
 
     const ls = await runCli(['ls', '--state-dir', ctx.stateDir, '--json']);
     expect(JSON.parse(ls.stdout).instances).toEqual([expect.objectContaining({ id: 'as-nobody', runAs: NOBODY })]);
+    const inspected = await runCli(['inspect', String(inst.pid), '--json']);
+    expect(JSON.parse(inspected.stdout)).toMatchObject({ pid: inst.pid, uid: NOBODY });
     const text = await runCli(['ls', '--state-dir', ctx.stateDir]);
     expect(text.stdout).toMatch(new RegExp(`^as-nobody\\s+running\\s+${inst.pid}\\s+${NOBODY}\\s+ok`, 'm'));
 

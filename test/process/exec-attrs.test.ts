@@ -167,6 +167,27 @@ describe(`exec attributes on spawn() (${backend.name})`, () => {
     }
   });
 
+  it('a limit above the hard one without CAP_SYS_RESOURCE fails the spawn (EPERM), and nothing runs', async (t) => {
+    t.skip(hasSysResource(), 'this process has CAP_SYS_RESOURCE: it may raise a hard limit');
+    const hard = /^Max open files\s+\S+\s+(\S+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1];
+    t.skip(hard === undefined || hard === 'unlimited', 'no finite hard nofile limit here');
+    const dir = tmpDir();
+    try {
+      const marker = join(dir.path, 'ran');
+      const options: SpawnOptions = { rlimits: { nofile: [1024, Number(hard) + 1] } };
+      if (native) {
+        expect(() => spawn('sh', ['-c', `echo ran > ${marker}`], options)).toThrow(
+          expect.objectContaining({ code: 'EPERM', syscall: 'prlimit64' }),
+        );
+      } else {
+        expect(await spawn('sh', ['-c', `echo ran > ${marker}`], options).exited).toEqual({ code: 126, signal: null });
+      }
+      expect(existsSync(marker)).toBe(false);
+    } finally {
+      dir.cleanup();
+    }
+  });
+
   it('runAs without the privilege fails the spawn (EPERM), and nothing runs', async (t) => {
     t.skip(isRoot(), 'root may take any uid (scripts/test-unprivileged.sh runs this as nobody)');
     const dir = tmpDir();

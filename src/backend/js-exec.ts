@@ -48,7 +48,8 @@ export const JS_EXEC_SUPPORT = {
   reason:
     'child_process sets only the uid and gid (no supplementary groups), and its exec wrapper runs as that uid: ' +
     'no noNewPrivileges (no prctl), no nproc (no ulimit flag dash and bash share), limits in ulimit units ' +
-    '(memlock, as, stack: KiB; core, fsize: 512 bytes); with runAs no cgroup, no limit above our hard one, ' +
+    '(memlock, as, stack: KiB; core, fsize: 512 bytes); with runAs no uid or gid above 2^31 - 1, no cgroup, ' +
+    'no limit above our hard one, ' +
     'no oomScoreAdj below ours',
 };
 
@@ -70,6 +71,9 @@ export function checkJsExec(x: ExecAttrs, cgroup: boolean): void {
     }
   }
   if (!x.runAs) return;
+  // child_process takes a uid and a gid as int32 only.
+  if (x.runAs.uid > 2 ** 31 - 1 || x.runAs.gid > 2 ** 31 - 1)
+    unsupportedThrow('run as a uid or gid above 2147483647 (child_process takes an int32)');
   // child_process drops the uid before the wrapper runs: the wrapper can do only what that uid may.
   if (x.runAs.groups.length > 0) unsupportedThrow('set runAs.groups (libuv clears the supplementary groups)');
   if (cgroup) unsupportedThrow('place a runAs child in a cgroup (its wrapper runs as runAs.uid)');

@@ -236,6 +236,7 @@ describe(`exec attributes on spawn() (${backend.name})`, () => {
       { rlimits: { nproc: 100 } },
       { rlimits: { memlock: 1000 } },
       { runAs: { uid: NOBODY, gid: NOBODY, groups: [100] } },
+      { runAs: { uid: 2 ** 31, gid: NOBODY } },
       { runAs: { uid: NOBODY, gid: NOBODY }, oomScoreAdj: ownOom() - 1 },
       ...(Number.isFinite(hard) ? [{ runAs: { uid: NOBODY, gid: NOBODY }, rlimits: { nofile: hard + 1 } }] : []),
     ];

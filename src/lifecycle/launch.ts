@@ -12,10 +12,9 @@
 import { closeSync, existsSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
-import type { RawIdentity } from '../backend/types.js';
+import type { ExecAttrs, RawIdentity } from '../backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
-import type { ExecAttrs } from '../backend/types.js';
 import type { ExecAttributes } from '../process/exec-attrs.js';
 import { exitStatusWithin, type ProcessHandle, spawn, spawnedFile, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';

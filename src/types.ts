@@ -182,9 +182,13 @@ export interface Capabilities {
 
 /** The exec attributes a backend applies (Capabilities.exec). */
 export interface ExecCapabilities {
+  /** `runAs` (uid, gid, groups) can be given; the js backend takes no groups, and not with a cgroup. */
   runAs: boolean;
+  /** `umask` can be given. */
   umask: boolean;
+  /** `oomScoreAdj` can be given; the js backend, with runAs, none below the agent's own. */
   oomScoreAdj: boolean;
+  /** `noNewPrivileges` can be given (native only: a shell has no prctl). */
   noNewPrivileges: boolean;
   /** The limits (names of LaunchSpec.rlimits) it can set. */
   rlimits: string[];

@@ -12,7 +12,9 @@ import { assertKnownKeys, describe } from '../validate.js';
 
 /** The credentials the program runs with: setgroups(groups), setresgid(gid), setresuid(uid), in that order. */
 export interface RunAs {
+  /** The real, effective and saved uid (0 to 4294967294). */
   uid: number;
+  /** The real, effective and saved gid (0 to 4294967294). */
   gid: number;
   /** Supplementary groups; none by default (a service manager's initgroups is the caller's to do). */
   groups?: number[];

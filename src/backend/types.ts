@@ -90,9 +90,19 @@ export interface PidRef {
 
 export type StdioTarget = 'ignore' | 'inherit' | 'pipe' | { fd: number };
 
-/** The resource limits a spawn may set (RLIMIT_NOFILE is `nofile`...). */
-export const RLIMIT_NAMES = ['nofile', 'memlock', 'core', 'nproc', 'as', 'fsize', 'stack', 'cpu'] as const;
-export type RlimitName = (typeof RLIMIT_NAMES)[number];
+/** A resource limit's name in `rlimits`: RLIMIT_NOFILE is `nofile`, RLIMIT_AS is `as`... */
+export type RlimitName = 'nofile' | 'memlock' | 'core' | 'nproc' | 'as' | 'fsize' | 'stack' | 'cpu';
+/** The resource limits a spawn may set, in the order the child sets them. */
+export const RLIMIT_NAMES: readonly RlimitName[] = [
+  'nofile',
+  'memlock',
+  'core',
+  'nproc',
+  'as',
+  'fsize',
+  'stack',
+  'cpu',
+];
 
 /**
  * What the child is given between clone and exec, checked by src/process/exec-attrs.ts: its credentials,

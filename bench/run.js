@@ -27,6 +27,7 @@ const BENCHES = [
   './recover.js',
   './drain.js',
   './restart.js',
+  './exec-attrs.js',
 ];
 
 const quick = process.argv.includes('--quick');

@@ -1,13 +1,22 @@
 // QEMU under custody (`node examples/qemu.js`; Debian: apt-get install qemu-system-x86).
-import { mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Supervisor } from 'custody';
 import { qmpQuit, qmpReady, qmpStatus } from './qmp.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'custody-qemu-'));
-const qmp = join(dir, 'vm-1.qmp');
-const pidfile = join(dir, 'vm-1.pid');
+// As root, QEMU runs as nobody with the limits a VM needs, set by custody between clone and exec
+// (no shell or setpriv around it); as anyone else it runs as you, as written.
+const asRoot = process.getuid?.() === 0;
+const vmDir = join(dir, 'vm-1'); // QEMU's own: its QMP socket and pidfile
+mkdirSync(vmDir);
+if (asRoot) {
+  chmodSync(dir, 0o711);
+  chownSync(vmDir, 65534, 65534);
+}
+const qmp = join(vmDir, 'qmp.sock');
+const pidfile = join(vmDir, 'qemu.pid');
 // No machine, no devices, no display: idles cheaply under TCG (no KVM, firmware or disk image needed).
 const VM = ['-machine', 'none', '-nodefaults', '-display', 'none', '-qmp', `unix:${qmp},server=on,wait=off`];
 
@@ -27,6 +36,8 @@ const vm = await supervisor.launch({
   // A connect proves the socket is bound; QMP answering query-status proves QEMU serves it.
   ready: { socket: qmp, probe: qmpReady },
   readyTimeoutMs: 30_000,
+  // memlock: a VFIO guest's RAM (above the hard limit needs CAP_SYS_RESOURCE); nofile: its disks, taps, vhost fds.
+  ...(asRoot ? { runAs: { uid: 65534, gid: 65534 }, rlimits: { memlock: 8 << 20, nofile: 4096 } } : {}),
 });
 console.log(`vm-1 is pid ${vm.pid}; QMP says ${await qmpStatus(qmp)}`);
 

@@ -10,6 +10,9 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include <cstring>
 
@@ -122,9 +125,77 @@ void CloseAboveStdio() {
   }
 }
 
+// The 32-bit uid calls where the plain names are the old 16-bit ones (i386, arm).
+#if defined(__NR_setresuid32)
+constexpr long kSysSetgroups = __NR_setgroups32;
+constexpr long kSysSetresgid = __NR_setresgid32;
+constexpr long kSysSetresuid = __NR_setresuid32;
+#else
+constexpr long kSysSetgroups = __NR_setgroups;
+constexpr long kSysSetresgid = __NR_setresgid;
+constexpr long kSysSetresuid = __NR_setresuid;
+#endif
+
+// struct rlimit64 of the uapi (prlimit64, Linux 2.6.36).
+struct KernelRlimit64 {
+  uint64_t cur;
+  uint64_t max;
+};
+
+constexpr char kOomScoreAdjPath[] = "/proc/self/oom_score_adj";
+
+// oom_score_adj written whenever given, so an agent's own (-1000) never
+// reaches the program. The kernel gives a CLONE_VFORK child its own value
+// (__set_oom_adj skips the processes sharing its mm while vfork_done is
+// set), so this does not move the parent's. The fd is the child's own: the
+// table was unshared before this step.
+const char* WriteOomScoreAdj(ChildArgs* a, const ChildExecAttrs& x) {
+  int fd = CUSTODY_RETRY_EINTR(open(kOomScoreAdjPath, O_WRONLY | O_CLOEXEC));
+  if (fd == -1) {
+    a->failed_path = kOomScoreAdjPath;
+    return "open";
+  }
+  ssize_t n = CUSTODY_RETRY_EINTR(write(fd, x.oom_score_adj, x.oom_score_adj_len));
+  int saved = errno;
+  close(fd);
+  if (n == static_cast<ssize_t>(x.oom_score_adj_len)) return nullptr;
+  errno = n == -1 ? saved : EIO;
+  a->failed_path = kOomScoreAdjPath;
+  return "write";
+}
+
+// The exec attributes, in this order: rlimits (a raised hard limit still
+// needs the privilege dropped below), oom_score_adj (lowering needs
+// CAP_SYS_RESOURCE), umask, no_new_privs, then the credentials, groups
+// first (setgroups needs CAP_SETGID, which setresuid takes away). Raw
+// syscalls: glibc's setuid, setgid and setgroups signal every thread of the
+// process they believe they are in (nptl's setxid), which in a CLONE_VM
+// child are the parent's; prlimit64 and prctl are plain calls either way.
+const char* ApplyExecAttrs(ChildArgs* a) {
+  const ChildExecAttrs& x = *a->exec_attrs;
+  for (int i = 0; i < x.rlimit_count; i++) {
+    KernelRlimit64 limit = {x.rlimits[i].soft, x.rlimits[i].hard};
+    if (syscall(__NR_prlimit64, 0, x.rlimits[i].resource, &limit, nullptr) == -1) return "prlimit64";
+  }
+  if (x.set_oom_score_adj) {
+    if (const char* call = WriteOomScoreAdj(a, x)) return call;
+  }
+  if (x.umask >= 0) umask(static_cast<mode_t>(x.umask));
+  if (x.no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1UL, 0UL, 0UL, 0UL) == -1) return "prctl";
+  if (x.run_as) {
+    if (syscall(kSysSetgroups, x.groups_count, x.groups) == -1) return "setgroups";
+    if (syscall(kSysSetresgid, x.gid, x.gid, x.gid) == -1) return "setresgid";
+    if (syscall(kSysSetresuid, x.uid, x.uid, x.uid) == -1) return "setresuid";
+  }
+  return nullptr;
+}
+
 }  // namespace
 
-// In the order the comments above require.
+// In the order the comments above require. The exec attributes come last,
+// after stdio (a low RLIMIT_NOFILE would refuse the dups onto 0..2), and
+// chdir after them, as the new uid: a directory only it may enter is
+// entered (systemd's WorkingDirectory= for the same reason).
 int ChildMain(void* raw) {
   auto* a = static_cast<ChildArgs*>(raw);
   if (const char* call = JoinCgroup(*a)) ReportChildFailure(a, call);
@@ -133,6 +204,9 @@ int ChildMain(void* raw) {
   if (const char* call = EnterSessionOrGroup(*a)) ReportChildFailure(a, call);
   if (const char* call = InstallStdio(a)) ReportChildFailure(a, call);
   CloseAboveStdio();
+  if (a->exec_attrs != nullptr) {
+    if (const char* call = ApplyExecAttrs(a)) ReportChildFailure(a, call);
+  }
   if (a->cwd != nullptr && chdir(a->cwd) == -1) ReportChildFailure(a, "chdir");
   execve(a->file, a->argv, a->envp);
   ReportChildFailure(a, "execve");

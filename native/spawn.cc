@@ -27,8 +27,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -49,6 +53,20 @@ constexpr int64_t kSpawnNewSession = 1;  // setsid() in the child
 constexpr int64_t kSpawnNewGroup = 2;    // setpgid(0, 0) in the child
 constexpr int64_t kSpawnCopyFdTable = 4;  // no CLONE_FILES
 constexpr int64_t kSpawnFlagsAll = kSpawnNewSession | kSpawnNewGroup | kSpawnCopyFdTable;
+// The exec attributes' array (spawn()'s tenth argument, built by
+// src/backend/native-spawn.ts): [which, umask, oomScoreAdj, uid, gid,
+// groupCount, ...groups, (resource, soft, hard)...]; `which` says which of
+// the first four are given (exported as constants.EXEC_*).
+constexpr int64_t kExecUmask = 1;
+constexpr int64_t kExecOomScoreAdj = 2;
+constexpr int64_t kExecNoNewPrivs = 4;
+constexpr int64_t kExecRunAs = 8;
+constexpr int64_t kExecAll = kExecUmask | kExecOomScoreAdj | kExecNoNewPrivs | kExecRunAs;
+constexpr uint32_t kExecHeader = 6;
+// NGROUPS_MAX of the kernel (include/uapi/linux/limits.h).
+constexpr int64_t kMaxGroups = 65536;
+// A uid or gid of -1 (4294967295) means "unchanged" to setresuid: never one to set.
+constexpr int64_t kMaxId = 4294967294;
 // spawn() returns pid * kSpawnPidScale + pidfd (exported as SPAWN_PID_SCALE).
 constexpr double kSpawnPidScale = 2147483648.0;  // 2^31
 
@@ -182,12 +200,69 @@ struct SpawnRequest {
   // copy of the table at clone), for tools that cannot follow a child
   // sharing it, such as valgrind, which refuses such a clone outright.
   bool copy_fd_table = false;
+  std::vector<gid_t> groups;
+  ChildExecAttrs exec_attrs;
   ChildArgs child;
 
   SpawnRequest() = default;
   SpawnRequest(const SpawnRequest&) = delete;
   SpawnRequest& operator=(const SpawnRequest&) = delete;
 };
+
+// An rlimit value: +Infinity is RLIM64_INFINITY; anything else an exact
+// integer a double holds (up to 2^53 - 1).
+uint64_t RlimitValue(const Napi::Env& env, const Napi::Value& v) {
+  if (v.IsNumber() && std::isinf(v.As<Napi::Number>().DoubleValue()) && v.As<Napi::Number>().DoubleValue() > 0) {
+    return ~0ULL;
+  }
+  return static_cast<uint64_t>(IntegerValue(env, v, "rlimit", 0, (int64_t{1} << 53) - 1));
+}
+
+// The exec attributes' array (see kExecUmask), every integer range-checked
+// here: the TypeScript layer has checked them (and refused what it must),
+// so a failure here is a wrong call, never the user's input.
+void DecodeExecAttrs(const Napi::Env& env, const Napi::Value& v, SpawnRequest* req) {
+  if (!v.IsArray()) throw Napi::TypeError::New(env, "exec must be an array of numbers or null");
+  Napi::Array arr = v.As<Napi::Array>();
+  uint32_t n = arr.Length();
+  if (n < kExecHeader) throw Napi::TypeError::New(env, "exec is too short");
+  ChildExecAttrs& x = req->exec_attrs;
+  memset(&x, 0, sizeof x);
+  int64_t which = IntegerValue(env, arr.Get(0u), "exec flags", 0, kExecAll);
+  x.umask = (which & kExecUmask) ? static_cast<int>(IntegerValue(env, arr.Get(1u), "umask", 0, 0777)) : -1;
+  if (which & kExecOomScoreAdj) {
+    int64_t adj = IntegerValue(env, arr.Get(2u), "oomScoreAdj", -1000, 1000);
+    int len = snprintf(x.oom_score_adj, sizeof x.oom_score_adj, "%d", static_cast<int>(adj));
+    x.oom_score_adj_len = static_cast<size_t>(len);
+    x.set_oom_score_adj = true;
+  }
+  x.no_new_privs = (which & kExecNoNewPrivs) != 0;
+  x.run_as = (which & kExecRunAs) != 0;
+  int64_t group_count = IntegerValue(env, arr.Get(5u), "groups length", 0, kMaxGroups);
+  if (x.run_as) {
+    x.uid = static_cast<uid_t>(IntegerValue(env, arr.Get(3u), "uid", 0, kMaxId));
+    x.gid = static_cast<gid_t>(IntegerValue(env, arr.Get(4u), "gid", 0, kMaxId));
+  } else if (group_count != 0) {
+    throw Napi::TypeError::New(env, "exec groups without runAs");
+  }
+  uint32_t at = kExecHeader + static_cast<uint32_t>(group_count);
+  if (n < at || (n - at) % 3 != 0 || (n - at) / 3 > kMaxChildRlimits) {
+    throw Napi::TypeError::New(env, "exec: groups and rlimit triples do not fit its length");
+  }
+  req->groups.reserve(static_cast<size_t>(group_count));
+  for (uint32_t i = kExecHeader; i < at; i++) {
+    req->groups.push_back(static_cast<gid_t>(IntegerValue(env, arr.Get(i), "group", 0, kMaxId)));
+  }
+  x.groups = req->groups.data();
+  x.groups_count = req->groups.size();
+  for (uint32_t i = at; i < n; i += 3) {
+    ChildRlimit& r = x.rlimits[x.rlimit_count++];
+    r.resource = static_cast<int>(IntegerValue(env, arr.Get(i), "rlimit resource", 0, RLIM_NLIMITS - 1));
+    r.soft = RlimitValue(env, arr.Get(i + 1));
+    r.hard = RlimitValue(env, arr.Get(i + 2));
+  }
+  req->child.exec_attrs = &x;
+}
 
 // Throws a TypeError or a RangeError (ERR_OUT_OF_RANGE) for a bad argument,
 // before anything is opened or cloned.
@@ -225,6 +300,8 @@ void DecodeSpawnArgs(const Napi::CallbackInfo& info, SpawnRequest* req) {
   a.new_group = (spawn_flags & kSpawnNewGroup) != 0;
   a.cgroup_procs = static_cast<int>(ArgInteger(info, 8, "cgroupProcs", -1, INT32_MAX));
   req->copy_fd_table = (spawn_flags & kSpawnCopyFdTable) != 0;
+  // exec attributes: absent or null for none (the common spawn pays one check).
+  if (info.Length() > 9 && !info[9].IsNull() && !info[9].IsUndefined()) DecodeExecAttrs(env, info[9], req);
 }
 
 // Every signal blocked while it lives, so no handler of ours runs on the
@@ -355,16 +432,19 @@ pid_t SpawnAndInitChild(AddonData* data, ChildArgs* a, bool copy_fd_table, int* 
   siginfo_t si;
   CUSTODY_RETRY_EINTR(waitid(kPidfdIdtype, pidfd, &si, WEXITED));
   close(pidfd);
-  ThrowErrno(env, a.err, a.failed_call);
+  Napi::Error error = ErrnoError(env, a.err, a.failed_call);
+  if (a.failed_path != nullptr) error.Set("path", Napi::String::New(env, a.failed_path));
+  throw error;
 }
 
 // spawn(file, argv, envp | null, cwd | null, stdin, stdout, stderr, flags,
-// cgroupProcs) -> pid * SPAWN_PID_SCALE + pidfd. Positional, and one number
+// cgroupProcs, exec | null) -> pid * SPAWN_PID_SCALE + pidfd. Positional, and one number
 // back: named properties cost a string internalization each, per spawn. `file` is an
 // absolute or relative path (PATH search is the caller's policy); the stdio
 // fds become 0..2 (-1: the addon's /dev/null); flags are SPAWN_NEW_SESSION,
 // SPAWN_NEW_GROUP and SPAWN_COPY_FD_TABLE; cgroupProcs is an fd on a
-// cgroup's cgroup.procs, or -1. Exec failure is thrown as the errno of the
+// cgroup's cgroup.procs, or -1; exec is the exec attributes' array (see
+// kExecUmask) or null. Exec failure is thrown as the errno of the
 // step that failed (execve ENOENT, chdir ENOENT...), after the child has
 // been reaped.
 Napi::Value Spawn(const Napi::CallbackInfo& info) {
@@ -443,6 +523,19 @@ void InitSpawn(Napi::Env env, Napi::Object exports) {
   constants.Set("SPAWN_NEW_GROUP", Napi::Number::New(env, static_cast<double>(kSpawnNewGroup)));
   constants.Set("SPAWN_COPY_FD_TABLE", Napi::Number::New(env, static_cast<double>(kSpawnCopyFdTable)));
   constants.Set("SPAWN_PID_SCALE", Napi::Number::New(env, kSpawnPidScale));
+  constants.Set("EXEC_UMASK", Napi::Number::New(env, static_cast<double>(kExecUmask)));
+  constants.Set("EXEC_OOM_SCORE_ADJ", Napi::Number::New(env, static_cast<double>(kExecOomScoreAdj)));
+  constants.Set("EXEC_NO_NEW_PRIVS", Napi::Number::New(env, static_cast<double>(kExecNoNewPrivs)));
+  constants.Set("EXEC_RUN_AS", Napi::Number::New(env, static_cast<double>(kExecRunAs)));
+  // The RLIMIT_* numbers of this architecture (mips, sparc and alpha number some otherwise).
+  constants.Set("RLIMIT_CPU", Napi::Number::New(env, RLIMIT_CPU));
+  constants.Set("RLIMIT_FSIZE", Napi::Number::New(env, RLIMIT_FSIZE));
+  constants.Set("RLIMIT_STACK", Napi::Number::New(env, RLIMIT_STACK));
+  constants.Set("RLIMIT_CORE", Napi::Number::New(env, RLIMIT_CORE));
+  constants.Set("RLIMIT_NPROC", Napi::Number::New(env, RLIMIT_NPROC));
+  constants.Set("RLIMIT_NOFILE", Napi::Number::New(env, RLIMIT_NOFILE));
+  constants.Set("RLIMIT_MEMLOCK", Napi::Number::New(env, RLIMIT_MEMLOCK));
+  constants.Set("RLIMIT_AS", Napi::Number::New(env, RLIMIT_AS));
   exports.Set("probeCloneIntoCgroup", Napi::Function::New(env, ProbeCloneIntoCgroup, "probeCloneIntoCgroup"));
 }
 

@@ -23,7 +23,8 @@ suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
   suites=(test/process/identity.test.ts test/process/handle.test.ts test/backend/spawn-types.test.ts test/supervisor.test.ts
     test/process/sweep.test.ts test/recovery/recover.test.ts test/backend/backend.test.ts test/cli/cli.test.ts test/process/subreaper.test.ts
-    test/unprovable.test.ts test/reliability/hostile.test.ts test/lifecycle/notify-handoff.test.ts)
+    test/unprovable.test.ts test/reliability/hostile.test.ts test/lifecycle/notify-handoff.test.ts
+    test/process/exec-attrs.test.ts)
 fi
 
 uid=${CUSTODY_TEST_UID:-65534}

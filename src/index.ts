@@ -40,6 +40,7 @@ export type {
   AfterExitEnd,
   Capabilities,
   CgroupCapabilities,
+  ExecCapabilities,
   ExitResult,
   ExitStatus,
   InstanceStopResult,
@@ -50,6 +51,8 @@ export type {
   VerifyResult,
 } from './types.js';
 export type { CgroupLimits, CgroupOptions, CgroupUsage } from './process/cgroup.js';
+export type { ExecAttributes, RlimitValue, Rlimits, RunAs } from './process/exec-attrs.js';
+export type { RlimitName } from './backend/types.js';
 export { Supervisor } from './supervisor.js';
 export type { InstanceInfo, InstanceStatus, InstanceSummary, StopOptions, SupervisorOptions } from './options.js';
 export type { Instance, LaunchSpec, ReadySpec, SocketReady, PidSpec, HealthSpec } from './lifecycle/launch.js';

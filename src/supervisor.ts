@@ -26,7 +26,7 @@ import { addReaperSource, reapMembers, removeReaperSource } from './process/reap
 import { acquireSubreaper, releaseSubreaper } from './process/subreaper.js';
 import type { Capabilities } from './types.js';
 import { assertDuration } from './validate.js';
-import { validateSpec, validateSpecs } from './lifecycle/spec.js';
+import { checkExecSupport, validateSpec, validateSpecs } from './lifecycle/spec.js';
 import { launchInstance } from './lifecycle/attempt.js';
 import { holdExitOf } from './lifecycle/exits.js';
 import { FdReserve } from './lifecycle/fd-reserve.js';
@@ -279,6 +279,7 @@ export class Supervisor {
   async #launch(spec: LaunchSpec): Promise<Instance> {
     this.#assertOpen();
     validateSpec(spec);
+    checkExecSupport(spec, this.#cgroups !== null);
     const limits = validateLimits(spec.limits);
     if (limits && !this.#cgroups)
       throw new InvalidArgError(

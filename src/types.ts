@@ -166,6 +166,11 @@ export interface Capabilities {
   /** Errno name per probed kernel call ('' when it works), for diagnostics. */
   probe: Record<string, string>;
   /**
+   * The exec attributes (spawn() and LaunchSpec: runAs, umask, rlimits, oomScoreAdj, noNewPrivileges) this
+   * backend applies, and, where it cannot apply them all, why. What it cannot apply is ERR_CUSTODY_UNSUPPORTED.
+   */
+  exec: ExecCapabilities;
+  /**
    * What cgroup v2 offers for instance cgroups (Supervisor.open's `cgroup`
    * option), described at the mount's root; a supervisor's capabilities()
    * describes its own root. null where there is no cgroup v2 (cgroupReason says why).
@@ -173,6 +178,22 @@ export interface Capabilities {
   cgroup?: CgroupCapabilities | null;
   /** Why `cgroup` is null. */
   cgroupReason?: string;
+}
+
+/** The exec attributes a backend applies (Capabilities.exec). */
+export interface ExecCapabilities {
+  /** `runAs` (uid, gid, groups) can be given; the js backend takes no groups, and not with a cgroup. */
+  runAs: boolean;
+  /** `umask` can be given. */
+  umask: boolean;
+  /** `oomScoreAdj` can be given; the js backend, with runAs, none below the agent's own. */
+  oomScoreAdj: boolean;
+  /** `noNewPrivileges` can be given (native only: a shell has no prctl). */
+  noNewPrivileges: boolean;
+  /** The limits (names of LaunchSpec.rlimits) it can set. */
+  rlimits: string[];
+  /** What it cannot do, and in which combinations. */
+  reason?: string;
 }
 
 /** Where cgroup v2 is mounted, what the kernel offers, and how this backend places a child in a cgroup. */

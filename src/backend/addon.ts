@@ -73,7 +73,7 @@ export interface NativeAddon {
    * pid * constants.SPAWN_PID_SCALE + pidfd (one number: an array costs three calls into the engine per
    * spawn; spawnedChild() takes it apart). stdio fds become 0..2 (-1: the addon's /dev/null); flags are
    * constants.SPAWN_*; cgroupProcs is an fd on a cgroup's cgroup.procs (O_WRONLY) the child writes itself
-   * into before anything else, or -1.
+   * into before anything else, or -1. exec: the exec attributes (native-spawn.ts execArray), or null.
    */
   spawn(
     file: string,
@@ -85,6 +85,7 @@ export interface NativeAddon {
     stderr: number,
     flags: number,
     cgroupProcs: number,
+    exec?: number[] | null,
   ): number;
   /** '' where clone3 knows CLONE_INTO_CGROUP, else the errno name it answered. */
   probeCloneIntoCgroup(): string;
@@ -113,6 +114,18 @@ export interface NativeAddon {
     SPAWN_NEW_GROUP: number;
     SPAWN_COPY_FD_TABLE: number;
     SPAWN_PID_SCALE: number;
+    EXEC_UMASK: number;
+    EXEC_OOM_SCORE_ADJ: number;
+    EXEC_NO_NEW_PRIVS: number;
+    EXEC_RUN_AS: number;
+    RLIMIT_CPU: number;
+    RLIMIT_FSIZE: number;
+    RLIMIT_STACK: number;
+    RLIMIT_CORE: number;
+    RLIMIT_NPROC: number;
+    RLIMIT_NOFILE: number;
+    RLIMIT_MEMLOCK: number;
+    RLIMIT_AS: number;
   };
   unsupported?: string;
 }

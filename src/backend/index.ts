@@ -9,9 +9,10 @@ import { InvalidArgError, UnsupportedError } from '../errors.js';
 import type { Capabilities } from '../types.js';
 import { loadAddon, type NativeAddon } from './addon.js';
 import { probeCgroup } from './cgroupv2.js';
+import { JS_EXEC_SUPPORT } from './js-exec.js';
 import { JsBackend } from './js.js';
 import { NativeBackend } from './native.js';
-import type { Backend } from './types.js';
+import { type Backend, RLIMIT_NAMES } from './types.js';
 
 function kernelAtLeast(release: string | null, major: number, minor: number): boolean {
   const m = release ? /^(\d+)\.(\d+)/.exec(release) : null;
@@ -20,7 +21,7 @@ function kernelAtLeast(release: string | null, major: number, minor: number): bo
   return maj > major || (maj === major && min >= minor);
 }
 
-function baseCaps(): Omit<Capabilities, 'backend' | 'probe'> {
+function baseCaps(): Omit<Capabilities, 'backend' | 'probe' | 'exec'> {
   return {
     platform: process.platform,
     kernel: null,
@@ -74,12 +75,14 @@ function nativeCaps(addon: NativeAddon): Capabilities | { error: string } {
     notify: true,
     notifyPidfd: soPassPidfd === '',
     coreDump: true,
+    exec: { runAs: true, umask: true, oomScoreAdj: true, noNewPrivileges: true, rlimits: [...RLIMIT_NAMES] },
     probe: { ...calls, soPassPidfd },
   };
 }
 
 function jsCaps(reason: string): Capabilities {
-  return { ...baseCaps(), backend: 'js', reason, kernel: osRelease(), probe: {} };
+  const exec = { ...JS_EXEC_SUPPORT, rlimits: [...JS_EXEC_SUPPORT.rlimits] };
+  return { ...baseCaps(), backend: 'js', reason, kernel: osRelease(), probe: {}, exec };
 }
 
 export function selectBackend(env: NodeJS.ProcessEnv = process.env): Backend {

@@ -11,6 +11,7 @@ import { basename, join, resolve as resolvePath } from 'node:path';
 import { hasEscapedBytes } from '../bytes.js';
 import { type ErrnoCode, errnoError, isErrnoCode, UnsupportedError } from '../errors.js';
 import type { ExitStatus } from '../types.js';
+import { checkJsExec, execSteps, needsWrapper } from './js-exec.js';
 import { readProcText } from './procview.js';
 import type { PidRef, SpawnedChild, SpawnRequest } from './types.js';
 
@@ -83,9 +84,10 @@ class ChildPidRef implements PidRef {
  * its absence): dash exports one of its own otherwise.
  */
 export const PLACE_SHELL = '/bin/sh';
-const PLACE_SCRIPT =
+const PLACE_STEP = 'echo 0 >"$0" || exit 126; ';
+const EXEC_SCRIPT =
   // biome-ignore lint/suspicious/noTemplateCurlyInString: a shell parameter expansion, not a JS template
-  'echo 0 >"$0" || exit 126; case $1 in set:*) PWD=${1#set:}; export PWD;; *) unset PWD;; esac; shift; exec "$@"';
+  'case $1 in set:*) PWD=${1#set:}; export PWD;; *) unset PWD;; esac; shift; exec "$@"';
 
 export function shellUsable(): boolean {
   try {
@@ -123,7 +125,11 @@ export function spawnChild(req: SpawnRequest, inherited: () => number[]): Spawne
             return [kv.slice(0, eq), kv.slice(eq + 1)];
           }),
         );
-  const [file, args, argv0] = req.cgroup ? placed(req, req.cgroup, env) : [req.file, req.argv.slice(1), req.argv[0]];
+  if (req.exec) checkJsExec(req.exec, !!req.cgroup);
+  const [file, args, argv0] =
+    req.cgroup || needsWrapper(req.exec)
+      ? placed(req, req.cgroup ?? null, env)
+      : [req.file, req.argv.slice(1), req.argv[0]];
   const stdio: Array<'ignore' | 'inherit' | 'pipe' | number> = req.stdio.map((t) => (typeof t === 'object' ? t.fd : t));
   // child_process passes on every fd of ours without close-on-exec and
   // cannot close one in the child; it can put another file in its place.
@@ -146,6 +152,8 @@ export function spawnChild(req: SpawnRequest, inherited: () => number[]): Spawne
       stdio,
       // child_process cannot setpgid alone: a new group comes with a new session here.
       detached: req.newSession || req.newGroup,
+      // libuv: setgroups(0), setgid, setuid, before the wrapper (or the program) is exec'd.
+      ...(req.exec?.runAs ? { uid: req.exec.runAs.uid, gid: req.exec.runAs.gid } : {}),
     });
   } finally {
     // The child has exec'd (or failed) when cpSpawn returns: it holds its own copy.
@@ -241,27 +249,30 @@ function coverable(fds: number[]): number[] {
 }
 
 /**
- * The wrapper's command line. The shell execs "$@" as execvp does, so the
- * target's argv[0] must be what finds req.file: the path itself, or its
- * basename on PATH. Anything else (an argv0 of its own) would exec another
- * argv than asked: refused.
+ * The wrapper's command line: it enters the cgroup, if any, applies the
+ * exec attributes it can (js-exec.ts) and execs the target. The shell execs
+ * "$@" as execvp does, so the target's argv[0] must be what finds req.file:
+ * the path itself, or its basename on PATH. Anything else (an argv0 of its
+ * own) would exec another argv than asked: refused.
  */
-function placed(req: SpawnRequest, cgroup: string, env: NodeJS.ProcessEnv): [string, string[], string] {
+function placed(req: SpawnRequest, cgroup: string | null, env: NodeJS.ProcessEnv): [string, string[], string] {
   const argv0 = req.argv[0] ?? '';
   const finds = argv0.includes('/')
     ? resolvePath(req.cwd ?? process.cwd(), argv0) === req.file
     : basename(req.file) === argv0;
   if (!finds) {
     throw new UnsupportedError(
-      `the js backend cannot place ${req.file} in a cgroup under argv[0] ${JSON.stringify(argv0)}: its exec wrapper runs argv[0] as given; use the native backend`,
+      `the js backend cannot run ${req.file} through its exec wrapper (a cgroup, rlimits, oomScoreAdj or umask) under argv[0] ${JSON.stringify(argv0)}: the wrapper runs argv[0] as given; use the native backend`,
     );
   }
+  const pwd = env.PWD === undefined ? 'unset' : `set:${env.PWD}`;
+  const steps = execSteps(req.exec);
+  if (cgroup === null) return [PLACE_SHELL, ['-c', steps + EXEC_SCRIPT, 'sh', pwd, ...req.argv], 'sh'];
   const procs = join(cgroup, 'cgroup.procs');
   // A cgroup that is not there (or not ours to write) fails here, at once,
   // as on the native backend, not as the wrapper's exit status later.
   closeSync(openSync(procs, fsc.O_WRONLY));
-  const pwd = env.PWD === undefined ? 'unset' : `set:${env.PWD}`;
-  return [PLACE_SHELL, ['-c', PLACE_SCRIPT, procs, pwd, ...req.argv], 'sh'];
+  return [PLACE_SHELL, ['-c', PLACE_STEP + steps + EXEC_SCRIPT, procs, pwd, ...req.argv], 'sh'];
 }
 
 function spawnFailure(child: ChildProcess, file: string): Error {

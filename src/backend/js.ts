@@ -28,9 +28,19 @@ import {
   readStat,
   vanished,
 } from './js-proc.js';
+import { checkJsExec } from './js-exec.js';
 import { inheritableFds, PLACE_SHELL, shellUsable, spawnChild } from './js-spawn.js';
 import { assertOwnProc, ProcReads, readProcBytes, readProcText } from './procview.js';
-import type { Backend, NotifyListener, PidRef, ProcEntry, RawIdentity, SpawnedChild, SpawnRequest } from './types.js';
+import type {
+  Backend,
+  ExecAttrs,
+  NotifyListener,
+  PidRef,
+  ProcEntry,
+  RawIdentity,
+  SpawnedChild,
+  SpawnRequest,
+} from './types.js';
 
 /** How often a read is repeated while an exec keeps moving under it (as native/identity.cc does). */
 const EXEC_RETRIES = 8;
@@ -212,5 +222,9 @@ export class JsBackend extends ProcReads implements Backend {
 
   spawn(req: SpawnRequest): SpawnedChild {
     return spawnChild(req, this.#inheritedFds);
+  }
+
+  checkExec(exec: ExecAttrs, cgroup: boolean): void {
+    checkJsExec(exec, cgroup);
   }
 }

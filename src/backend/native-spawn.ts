@@ -9,7 +9,36 @@ import { Socket } from 'node:net';
 import { join } from 'node:path';
 import { type NativeAddon, spawnedChild } from './addon.js';
 import { NativePidRef, type PinContext } from './native-pin.js';
-import type { SpawnedChild, SpawnRequest } from './types.js';
+import type { ExecAttrs, RlimitName, SpawnedChild, SpawnRequest } from './types.js';
+
+/**
+ * The exec attributes as addon.spawn() takes them (native/spawn.cc, kExecUmask): one array of numbers,
+ * [which, umask, oomScoreAdj, uid, gid, groupCount, ...groups, (resource, soft, hard)...]; null for none.
+ */
+export function execArray(addon: NativeAddon, x: ExecAttrs | null | undefined): number[] | null {
+  if (!x) return null;
+  const c = addon.constants;
+  const which =
+    (x.umask !== null ? c.EXEC_UMASK : 0) |
+    (x.oomScoreAdj !== null ? c.EXEC_OOM_SCORE_ADJ : 0) |
+    (x.noNewPrivileges ? c.EXEC_NO_NEW_PRIVS : 0) |
+    (x.runAs ? c.EXEC_RUN_AS : 0);
+  const groups = x.runAs?.groups ?? [];
+  const out = [which, x.umask ?? 0, x.oomScoreAdj ?? 0, x.runAs?.uid ?? 0, x.runAs?.gid ?? 0, groups.length, ...groups];
+  for (const l of x.rlimits) out.push(c[RESOURCE[l.name]], l.soft, l.hard);
+  return out;
+}
+
+const RESOURCE = {
+  nofile: 'RLIMIT_NOFILE',
+  memlock: 'RLIMIT_MEMLOCK',
+  core: 'RLIMIT_CORE',
+  nproc: 'RLIMIT_NPROC',
+  as: 'RLIMIT_AS',
+  fsize: 'RLIMIT_FSIZE',
+  stack: 'RLIMIT_STACK',
+  cpu: 'RLIMIT_CPU',
+} as const satisfies Record<RlimitName, string>;
 
 /** Spawns req through the addon; the child comes back pinned on `pins`, watched until it is reaped. */
 export function spawnNative(addon: NativeAddon, pins: PinContext, req: SpawnRequest): SpawnedChild {
@@ -44,6 +73,7 @@ export function spawnNative(addon: NativeAddon, pins: PinContext, req: SpawnRequ
         fds[2] ?? -1,
         flags,
         procs,
+        execArray(addon, req.exec),
       );
     } finally {
       if (procs >= 0) closeSync(procs);

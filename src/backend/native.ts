@@ -19,6 +19,7 @@ import { spawnNative } from './native-spawn.js';
 import { assertOwnProc, ProcReads } from './procview.js';
 import type {
   Backend,
+  ExecAttrs,
   FileRead,
   NotifyDatagram,
   NotifyListener,
@@ -269,4 +270,7 @@ export class NativeBackend extends ProcReads implements Backend {
   spawn(req: SpawnRequest): SpawnedChild {
     return spawnNative(this.#addon, this.#pins, req);
   }
+
+  /** The child applies every exec attribute; what the kernel refuses is the spawn's errno error. */
+  checkExec(_exec: ExecAttrs, _cgroup: boolean): void {}
 }

@@ -90,6 +90,33 @@ export interface PidRef {
 
 export type StdioTarget = 'ignore' | 'inherit' | 'pipe' | { fd: number };
 
+/** A resource limit's name in `rlimits`: RLIMIT_NOFILE is `nofile`, RLIMIT_AS is `as`... */
+export type RlimitName = 'nofile' | 'memlock' | 'core' | 'nproc' | 'as' | 'fsize' | 'stack' | 'cpu';
+/** The resource limits a spawn may set, in the order the child sets them. */
+export const RLIMIT_NAMES: readonly RlimitName[] = [
+  'nofile',
+  'memlock',
+  'core',
+  'nproc',
+  'as',
+  'fsize',
+  'stack',
+  'cpu',
+];
+
+/**
+ * What the child is given between clone and exec, checked by src/process/exec-attrs.ts: its credentials,
+ * resource limits (Infinity: RLIM_INFINITY), oom_score_adj, umask and no_new_privs. null or absent fields: as
+ * the parent has them.
+ */
+export interface ExecAttrs {
+  runAs: { uid: number; gid: number; groups: readonly number[] } | null;
+  umask: number | null;
+  rlimits: ReadonlyArray<{ name: RlimitName; soft: number; hard: number }>;
+  oomScoreAdj: number | null;
+  noNewPrivileges: boolean;
+}
+
 export interface SpawnRequest {
   /** Resolved path of the executable (PATH search is done by the caller). */
   file: string;
@@ -109,6 +136,8 @@ export interface SpawnRequest {
    * cgroup.procs; the js backend execs through a shell that does. null: ours.
    */
   cgroup?: string | null;
+  /** Credentials, limits, oom_score_adj, umask, no_new_privs for the child; null: none (the parent's). */
+  exec?: ExecAttrs | null;
 }
 
 export interface SpawnedChild {
@@ -231,6 +260,8 @@ export interface Backend {
    */
   unproven(pid: number): PidRef;
   spawn(req: SpawnRequest): SpawnedChild;
+  /** Throws ERR_CUSTODY_UNSUPPORTED for exec attributes this backend cannot give a child (placed in a cgroup or not). */
+  checkExec(exec: ExecAttrs, cgroup: boolean): void;
   /**
    * The pids whose argv is exactly `argv`, compared as bytes, reading only
    * cmdline (off the event loop on the native backend). Candidates, not

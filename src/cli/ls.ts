@@ -40,7 +40,8 @@ export const lsCommand: Command = {
   synopsis: 'ls [--state-dir DIR] [--json]',
   summary: 'instances in a state dir: verdict, uptime, restarts, arguments (read-only)',
   description: `Lists every instance of a state dir with its recorded state (backoff and failed
-for one its restart policy restarts), what its process verifies as now (ok, gone,
+for one its restart policy restarts), the uid it was started as (runAs, where one
+was given), what its process verifies as now (ok, gone,
 reused, mismatch...), how long that process has run (when it verifies), its restarts,
 why its last run ended where recorded, the quarantine reason or what it waits for
 (after-exit: a hook owed; no-spec: a restart that needs its spec) where there is one,
@@ -61,6 +62,7 @@ also works while a supervisor holds the dir. A dir that does not exist is an err
           id: entry.name,
           state,
           pid: null,
+          runAs: null,
           verdict: null,
           field: null,
           uptimeSeconds: null,
@@ -82,6 +84,8 @@ also works while a supervisor holds the dir. A dir that does not exist is an err
         id: m.id,
         state: m.state,
         pid: m.identity?.pid ?? m.owed?.pid ?? null,
+        // The uid the launch started it as (LaunchSpec.runAs); null: the supervisor's.
+        runAs: m.runAs?.uid ?? null,
         verdict: v?.verdict ?? null,
         field: v?.field ?? null,
         uptimeSeconds: started === null ? null : Math.max(0, Math.round((now - started) / 1000)),
@@ -107,10 +111,10 @@ also works while a supervisor holds the dir. A dir that does not exist is an err
         // The process's argv where one is recorded; else the command it was launched with.
         args: i.argv ? clipped(shownArgv(i.argv), ARGS_WIDTH) : i.command,
       }));
-      const lines = [
-        formatLine(listing),
-        table(rows, ['id', 'state', 'pid', 'verdict', 'uptime', 'last', 'restarts', 'reason', 'args'], 'no instances'),
-      ];
+      // RUNAS only where an instance was started as another uid: most state dirs have none.
+      const runAs = instances.some((i) => i.runAs !== null) ? ['runAs'] : [];
+      const columns = ['id', 'state', 'pid', ...runAs, 'verdict', 'uptime', 'last', 'restarts', 'reason', 'args'];
+      const lines = [formatLine(listing), table(rows, columns, 'no instances')];
       if (listing.foreign.length) lines.push(`not custody's (left alone): ${shownArgv(listing.foreign)}`);
       return lines.join('\n');
     });

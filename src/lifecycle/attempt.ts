@@ -18,6 +18,7 @@ import {
 } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { removeCgroup } from '../process/cgroup-tree.js';
+import { execAttrs } from '../process/exec-attrs.js';
 import { executableId, type ProcessHandle } from '../process/handle.js';
 import { type InstanceLogs, logLimits } from '../state/logs.js';
 import { removeDeclaredPaths } from '../state/paths.js';
@@ -126,6 +127,7 @@ function definition(spec: LaunchSpec): Attempt {
     command: spec.command,
     argv,
     uid: spec.uid ?? null,
+    exec: execAttrs(spec, 'LaunchSpec'),
     session: null,
     expect: spec.expect ?? [],
     executable: executable ? { dev: executable.dev, ino: executable.ino } : null,
@@ -160,6 +162,8 @@ function startingManifest(a: Attempt, spec: LaunchSpec, life: Life | undefined):
     paths: a.paths,
     executable: a.executablePath,
     uid: a.uid,
+    // What recovery's ownership rule needs: the uid the target was started as instead of ours.
+    ...(a.exec?.runAs ? { runAs: { ...a.exec.runAs, groups: [...a.exec.runAs.groups] } } : {}),
     pidSource: pidSpec === 'child' ? 'child' : typeof pidSpec === 'function' ? 'function' : 'file',
     pidFile: typeof pidSpec === 'object' ? pidSpec.file : null,
     createdAt: now,

@@ -128,8 +128,11 @@ export async function confirm(
         // launcher's fork). (A child exec'ing through a wrapper must still reach `executable`.)
         // With a cgroup our child is judged too: the js backend's placing
         // wrapper carries the target's argv before it is placed and has exec'd
-        // it, and only the exec'd target in the cgroup is it.
-        const verdict = own && !a.cgroup ? null : judge(claim, live, undefined, true, environ);
+        // it, and only the exec'd target in the cgroup is it. So is a child
+        // given exec attributes: the js backend's wrapper that applies them
+        // carries the target's argv and token until it has exec'd it.
+        const judged = !own || a.cgroup || (a.exec && a.pidSpec === 'child');
+        const verdict = judged ? judge(claim, live, undefined, true, environ) : null;
         why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
         if (own && why === 'cgroup') execdOutside = movedOut(claim, live, environ);
       }

@@ -12,9 +12,10 @@
 import { closeSync, existsSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import { backend } from '../backend/index.js';
-import type { RawIdentity } from '../backend/types.js';
+import type { ExecAttrs, RawIdentity } from '../backend/types.js';
 import type { CgroupLimits, InstanceCgroup } from '../process/cgroup.js';
 import { ConfirmTimeoutError, InvalidArgError, LaunchExitedError } from '../errors.js';
+import type { ExecAttributes } from '../process/exec-attrs.js';
 import { exitStatusWithin, type ProcessHandle, spawn, spawnedFile, type StdioOption } from '../process/handle.js';
 import { callHook } from './hooks.js';
 import { errorTail, OUTPUT_TAIL_BYTES, openAppend, type LogFiles, type LogOptions } from '../state/logs.js';
@@ -93,8 +94,13 @@ export type ReadySpec = 'notify' | SocketReady | ((instance: Instance) => unknow
 /** The child itself, a pidfile (systemd Type=forking), or a function (sync or async) returning the pid. */
 export type PidSpec = 'child' | { file: string } | (() => number | PromiseLike<number>);
 
-/** What `supervisor.launch(spec)` starts, and how it proves, waits for and stops it. */
-export interface LaunchSpec {
+/**
+ * What `supervisor.launch(spec)` starts, and how it proves, waits for and stops it. Also the exec attributes
+ * (ExecAttributes): runAs, umask, rlimits, oomScoreAdj and noNewPrivileges, given to the child before it execs
+ * (what a service manager does for a daemon). With runAs the ownership rule expects runAs.uid (or `uid`)
+ * instead of ours, and the manifest records it for recovery.
+ */
+export interface LaunchSpec extends ExecAttributes {
   /** The instance's name in the state dir: 1-128 characters of [A-Za-z0-9._-], not starting with a dot. */
   id: string;
   /** The program to run: a path, or a name looked up on PATH. */
@@ -183,7 +189,7 @@ export interface LaunchSpec {
    */
   logs?: false | LogOptions;
   /**
-   * The uid the confirmed target may run as besides ours, for a launcher
+   * The uid the confirmed target may run as besides ours (or runAs.uid), for a launcher
    * that drops privileges (QEMU -runas, start-stop-daemon --chuid).
    */
   uid?: number;
@@ -215,6 +221,7 @@ export function claimOf(a: Attempt): Claim {
     program: a.executable ? { exe: a.executable } : a.pidSpec === 'child' ? { argv: [a.command, ...a.argv] } : null,
     launcherExe: a.pidSpec === 'child' ? null : (a.launcherExe ?? null),
     uid: a.uid,
+    runAsUid: a.exec?.runAs?.uid ?? null,
     tokenMode: a.tokenMode,
     // A pid function's target may be created elsewhere (a systemd-run
     // MainPID): only the child and what it forks are known to be inside.
@@ -232,6 +239,8 @@ export interface Attempt {
   argv: string[];
   /** The uid the target may run as besides ours (a launcher that drops privileges). */
   uid: number | null;
+  /** The exec attributes the child is spawned with (runAs: the uid it runs as instead of ours); null: none. */
+  exec?: ExecAttrs | null;
   expect: string[];
   /** dev/ino the confirmed exe must have, when the spec names an executable. */
   executable: { dev: number; ino: number } | null;
@@ -314,6 +323,11 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
       detached: spec.detached !== false,
       newGroup: spec.processGroup === true,
       ...(a.cgroup ? { cgroup: a.cgroup.path } : {}),
+      runAs: spec.runAs,
+      umask: spec.umask,
+      rlimits: spec.rlimits,
+      oomScoreAdj: spec.oomScoreAdj,
+      noNewPrivileges: spec.noNewPrivileges,
     });
   } finally {
     // The child holds its own copies; ours would keep the files open.

@@ -7,6 +7,7 @@ import { backend } from '../backend/index.js';
 import { assertLogOptions } from '../state/logs.js';
 import { assertId } from '../state/manifest.js';
 import type { CgroupLimits } from '../process/cgroup.js';
+import { EXEC_ATTRIBUTE_KEYS, execAttrs } from '../process/exec-attrs.js';
 import type { LogOptions } from '../state/logs.js';
 import {
   assertCwd,
@@ -51,6 +52,7 @@ const LAUNCH_SPEC_KEYS: Record<keyof LaunchSpec, true> = {
   readyTimeoutMs: true,
   limits: true,
   signal: true,
+  ...EXEC_ATTRIBUTE_KEYS,
 };
 const SOCKET_READY_KEYS: Record<keyof SocketReady, true> = { socket: true, timeoutMs: true, probe: true };
 const PIDFILE_KEYS: Record<'file', true> = { file: true };
@@ -167,4 +169,14 @@ export function validateSpec(spec: LaunchSpec): void {
   }
   if (spec.signal !== undefined && !(spec.signal instanceof AbortSignal))
     throw new InvalidArgError('signal must be an AbortSignal');
+  execAttrs(spec, 'LaunchSpec');
+}
+
+/**
+ * Refuses (ERR_CUSTODY_UNSUPPORTED), before anything exists, the exec attributes this backend cannot give a
+ * child, placed in a cgroup or not (`cgroup`: the supervisor has a cgroup root).
+ */
+export function checkExecSupport(spec: LaunchSpec, cgroup: boolean): void {
+  const exec = execAttrs(spec, 'LaunchSpec');
+  if (exec) backend.checkExec(exec, cgroup);
 }

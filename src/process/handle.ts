@@ -17,6 +17,7 @@ import {
   InvalidArgError,
   UnsupportedError,
 } from '../errors.js';
+import { type ExecAttributes, execAttrs } from './exec-attrs.js';
 import { verify } from './identity.js';
 import { pin, ProcessHandle } from './pin.js';
 import { openAppend } from '../state/logs.js';
@@ -53,8 +54,13 @@ export function open(pid: number, expected?: Partial<ProcessIdentity>): ProcessH
 /** One stdio slot of a spawned process: `/dev/null`, this process's own, a pipe (the handle's `stdin`/`stdout`/`stderr`), a file opened to append, or an fd of this process. */
 export type StdioOption = 'ignore' | 'inherit' | 'pipe' | { file: string } | { fd: number };
 
-/** Options of `spawn()`. */
-export interface SpawnOptions {
+/**
+ * Options of `spawn()`. Also the exec attributes (ExecAttributes: runAs, umask, rlimits, oomScoreAdj,
+ * noNewPrivileges), applied in the child before it execs; a step the kernel refuses is the spawn's errno error
+ * (`syscall` names it, e.g. `prlimit64`, `setresuid`), and the program never runs. The js backend applies what
+ * it can (capabilities().exec); the rest is ERR_CUSTODY_UNSUPPORTED.
+ */
+export interface SpawnOptions extends ExecAttributes {
   /**
    * One value for all three, or [stdin, stdout, stderr]. 'ignore' by default. `{ file }` appends to a regular
    * file (created 0600; a symlink, FIFO or device there is ERR_CUSTODY_BAD_LOG).
@@ -180,7 +186,8 @@ export function stdioTargets(stdio: SpawnOptions['stdio'], opened: number[]): [S
 function placementError(cgroup: string, err: unknown): unknown {
   const e = err as NodeJS.ErrnoException;
   const procs = path.join(cgroup, 'cgroup.procs');
-  if (e?.syscall === 'write' || (e?.syscall === 'open' && e.path === procs)) {
+  // The child's write has no path; a write of an exec attribute's (oom_score_adj) names its file.
+  if ((e?.syscall === 'write' && e.path === undefined) || (e?.syscall === 'open' && e.path === procs)) {
     return new BadCgroupError(cgroup, `the child could not enter it (${e.syscall} ${e.code}); nothing was run`, {
       cause: err,
     });
@@ -248,6 +255,7 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
         `cannot place a child in a cgroup: ${backend.cgroupPlacementReason ?? 'this backend cannot'}`,
       );
   }
+  const exec = execAttrs(options, 'spawn options');
   const env = options.env ?? process.env;
   // Without options.env the native child takes our environ as it is: copying
   // process.env through JavaScript cost more than the spawn itself.
@@ -275,6 +283,7 @@ export function spawn(command: string, args: readonly string[] = [], options: Sp
         newSession: options.detached === true,
         newGroup: (options.processGroup ?? options.newGroup) === true,
         cgroup: options.cgroup ?? null,
+        exec,
       });
     } catch (err) {
       throw options.cgroup ? placementError(options.cgroup, err) : err;

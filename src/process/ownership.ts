@@ -21,8 +21,9 @@
  *    child leads (a daemon's fork that called setsid: everything in it was
  *    forked from it): an instance's children carry no token;
  * 3. otherwise the token AND the expected program (the executable's
- *    dev/inode, or the exact argv) AND our uid (or the one the launch
- *    declared) AND our pid namespace, and never the launcher's own program.
+ *    dev/inode, or the exact argv) AND our uid (runAs.uid where the launch
+ *    ran it as another, or the one the launch declared) AND our pid
+ *    namespace, and never the launcher's own program.
  *    The token is in argv, or, for programs with a fixed argv (`token:
  *    'env'`), CUSTODY_TOKEN in the initial environment, which the caller
  *    reads under its pin and this module parses; an environment that may not
@@ -61,6 +62,8 @@ export interface Claim {
   launcherExe: DevIno | null;
   /** The uid the target runs as: ours unless the launch declared another (a launcher that drops privileges). */
   uid: number | null;
+  /** The uid the launch started its child as (LaunchSpec.runAs), which replaces ours in the rule; null: ours. */
+  runAsUid?: number | null;
   /** The instance cgroup's hierarchy path (as /proc/<pid>/cgroup names it), where the instance has one: rule 1. */
   cgroup?: string | null;
 }
@@ -208,6 +211,15 @@ function argvMarks(claim: Claim, live: ProcessIdentity): Rejection | null {
 }
 
 /**
+ * Whether `uid` is one the claim's target may run as: the uid the launch ran it as (runAs.uid, else ours), or
+ * the one it declared for a launcher that drops privileges. Off Linux (no getuid) every uid is.
+ */
+export function expectedUid(claim: Pick<Claim, 'uid' | 'runAsUid'>, uid: number): boolean {
+  const started = claim.runAsUid ?? process.getuid?.();
+  return started === undefined || uid === started || uid === claim.uid;
+}
+
+/**
  * Rule 3 without descent: is this live process the instance's target by its
  * own marks? Inside the instance's cgroup uid and namespace are moot (it is
  * ours already); the marks still tell the target from its launcher and members.
@@ -219,11 +231,10 @@ function byToken(
   environ: EnvironReader | undefined,
   inside = false,
 ): Judgement {
-  const ours = process.getuid?.();
   // Where it cannot be told (null), it is not proven ours either.
   const ourNs = backend.ownPidNs();
   if (!inside && ourNs !== null && live.processPidNs !== ourNs) return { ours: false, why: 'namespace' };
-  if (!inside && ours !== undefined && live.uid !== ours && live.uid !== claim.uid) return { ours: false, why: 'uid' };
+  if (!inside && !expectedUid(claim, live.uid)) return { ours: false, why: 'uid' };
   const marks = argvMarks(claim, live);
   if (marks) return { ours: false, why: marks };
   const program = claim.program;

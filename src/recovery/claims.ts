@@ -28,6 +28,7 @@ export function targetClaim(m: Manifest): Claim {
     program: exe ? { exe } : m.pidSource === 'child' ? { argv: [m.command, ...m.args] } : null,
     launcherExe: m.pidSource === 'child' ? null : fileId(m.command),
     uid: m.uid ?? null,
+    runAsUid: m.runAs?.uid ?? null,
     tokenMode: m.tokenMode ?? 'argv',
   };
 }
@@ -36,7 +37,8 @@ export function targetClaim(m: Manifest): Claim {
 export function launcherClaim(m: Manifest): Claim {
   const tokenMode = m.tokenMode ?? 'argv';
   const program = { argv: [m.command, ...m.args] };
-  return { token: m.token, expect: [], program, launcherExe: null, uid: m.uid ?? null, tokenMode };
+  const uids = { uid: m.uid ?? null, runAsUid: m.runAs?.uid ?? null };
+  return { token: m.token, expect: [], program, launcherExe: null, ...uids, tokenMode };
 }
 
 /**

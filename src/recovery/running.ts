@@ -8,7 +8,7 @@
  */
 import type { InstanceCgroup } from '../process/cgroup.js';
 import { verify } from '../process/identity.js';
-import { judge } from '../process/ownership.js';
+import { expectedUid, judge } from '../process/ownership.js';
 import {
   MANIFEST_VERSION,
   type RunningManifest,
@@ -68,7 +68,7 @@ export class RecordedProcess {
       // target dropped to after its exec was recorded at running as the instance's uid (the claim's).
       const claim = recordedClaim(m, this.cgroup?.node ?? null);
       f.judgement = judge(claim, live.identity, undefined, true, live.environ);
-      f.foreignUid = live.identity.uid !== process.getuid?.() && live.identity.uid !== claim.uid;
+      f.foreignUid = !expectedUid(claim, live.identity.uid);
       f.liveArgv = live.identity.argv;
     }
   }

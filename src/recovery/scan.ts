@@ -44,12 +44,12 @@ const START_SLACK_MS = 2000;
 /**
  * Whether a process caught inside an execve may be this launch's child: it
  * runs as we do (a fork has its supervisor's uid until its exec), or as the
- * launch's uid, and started no earlier than the launch did. A process of
+ * launch's uid or its runAs uid (set just before the exec), and started no earlier than the launch did. A process of
  * another uid, or an old one that lost its argv for good (stuck in its exit,
  * one that unmapped it), is no launch's child and holds nothing up.
  */
 function mayBeChildOf(row: ProcEntry, m: Manifest, bootMs: number | null): boolean {
-  if (row.uid !== process.geteuid?.() && row.uid !== m.uid) return false;
+  if (row.uid !== process.geteuid?.() && row.uid !== m.uid && row.uid !== m.runAs?.uid) return false;
   return bootMs === null || startedAtMs(row.startTicks, bootMs) >= Date.parse(m.createdAt) - START_SLACK_MS;
 }
 

@@ -20,6 +20,8 @@ export const MANIFEST_VERSION = 3;
 const READABLE_VERSIONS: readonly unknown[] = [1, 2, MANIFEST_VERSION];
 export const MANIFEST = 'manifest.json';
 export const MAX_MANIFEST_BYTES = 1 << 20;
+/** The largest uid or gid ((uid_t)-1 means "unchanged" to the kernel). */
+const MAX_ID = 2 ** 32 - 2;
 
 /** The state a manifest records (`custody ls`'s STATE). */
 export type ManifestState = 'starting' | 'running' | 'stopping' | 'quarantined' | 'backoff' | 'failed';
@@ -49,6 +51,11 @@ interface ManifestFields {
   executable: string | null;
   /** A uid the target may run as besides the supervisor's (a launcher that drops privileges). Absent in version 1. */
   uid?: number | null;
+  /**
+   * The credentials the launch started its child with (LaunchSpec.runAs): the ownership rule expects its uid
+   * instead of the supervisor's. Absent where the launch gave none.
+   */
+  runAs?: { uid: number; gid: number; groups: number[] };
   /** The session custody created for the instance, while the target is in it: its members are the instance's. */
   session?: number | null;
   /** The instance's cgroup (cgroup v2): its absolute path and id (the directory's inode), written before spawn. */
@@ -301,6 +308,12 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     throw bad('executable is malformed');
   if (!isInt(v.supervisorPid, 1)) throw bad('supervisorPid is malformed');
   if (v.uid !== undefined && v.uid !== null && !isInt(v.uid, 0)) throw bad('uid is malformed');
+  if (v.runAs !== undefined) {
+    const r = v.runAs;
+    const id = (x: unknown) => isInt(x, 0) && (x as number) <= MAX_ID;
+    const ok = isObj(r) && id(r.uid) && id(r.gid) && Array.isArray(r.groups) && r.groups.length <= 65536;
+    if (!ok || !(r.groups as unknown[]).every(id)) throw bad('runAs is malformed');
+  }
   if (
     v.forkImage !== undefined &&
     v.forkImage !== null &&

@@ -36,6 +36,7 @@ import { afterExitOf, type Life, type Starting } from './instances.js';
 import { restartRecord } from './ends.js';
 import { resultOf } from '../process/exit.js';
 import { type Abandoned, abandon, type LeftProcess, targetInCgroup } from './abandon.js';
+import { unitCgroupOf } from '../process/unit-cgroup.js';
 import { confirm } from './confirm.js';
 import {
   confirmedIdentity,
@@ -190,20 +191,34 @@ async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number,
   // A restart appends to the logs (only launch() rotates them): a crash loop keeps every crash's output.
   const logs = host.logs.prepare(spec.id, logged ? spec.logs : false, !life?.relaunching);
   // The cgroup before the manifest that names it: a crash between the two leaves an empty cgroup, which recovery removes.
-  a.cgroup = host.cgroups?.create(spec.id, a.token, spec.limits) ?? null;
-  if (a.cgroup) host.launching.add(a.cgroup.path);
+  const made = host.cgroups?.create(spec.id, a.token, spec.limits) ?? null;
+  a.cgroup = made;
+  if (made) host.launching.add(made.path);
   try {
     return await run(host, spec, attemptNo, a, logs, life);
   } finally {
-    if (a.cgroup) host.launching.delete(a.cgroup.path);
+    if (made) host.launching.delete(made.path);
   }
+}
+
+/**
+ * A pid function's target outside the attempt's cgroup, in a systemd unit of the launch's (its name carries the
+ * token, root owns it): the unit's cgroup is the instance's from here on, and the one made for the launcher
+ * (with a cgroup root) is only the launcher's.
+ */
+function inUnit(a: Attempt): void {
+  if (typeof a.pidSpec !== 'function' || (a.cgroup && targetInCgroup(a))) return;
+  const unit = unitCgroupOf(confirmedIdentity(a), a.token);
+  if (!unit) return;
+  a.launcherCgroup = a.cgroup;
+  a.cgroup = unit;
 }
 
 /** Where the confirmed target is recorded: the session only while the target is in it, the cgroup only if it is in it. */
 function placement(a: Attempt, identity: ProcessIdentity, cgroup: InstanceCgroup | null) {
   return {
     session: a.session !== null && identity.session === a.session ? a.session : null,
-    cgroup: cgroup ? { path: cgroup.path, id: cgroup.id } : null,
+    cgroup: cgroup ? { path: cgroup.path, id: cgroup.id, ...(cgroup.unit ? { unit: true as const } : {}) } : null,
   };
 }
 
@@ -246,6 +261,7 @@ async function run(
     const deadline = Date.now() + confirmTimeoutMs;
     let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
     await confirm(a, pid, deadline, confirmTimeoutMs, signal);
+    inUnit(a);
     const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
     // Recorded, fsync'd, before readiness: a supervisor killed while it waits leaves the proven identity.
     await host.store.write({
@@ -308,7 +324,8 @@ async function run(
       // The launcher is ours to reap whenever it ends; it holds nothing.
       child.unref();
       child.close();
-      if (a.cgroup && !cgroup) removeLauncherCgroup(host, spec.id, child, a.cgroup);
+      const launcherCgroup = a.launcherCgroup ?? (a.cgroup && !cgroup ? a.cgroup : null);
+      if (launcherCgroup) removeLauncherCgroup(host, spec.id, child, launcherCgroup);
     }
     const tracked = track(host, running, target, cgroup, { life, afterExit: afterExitOf(spec) });
     const live = host.table.get(spec.id);
@@ -333,8 +350,9 @@ async function run(
     let undone: Abandoned;
     try {
       undone = await host.withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, host.emit));
-      // Proven empty: the cgroup goes, then the state.
+      // Proven empty: the cgroup goes (a unit's is systemd's to remove), then the state.
       if (a.cgroup) await removeCgroup(a.cgroup, host.emit, spec.id);
+      if (a.launcherCgroup) await removeCgroup(a.launcherCgroup, host.emit, spec.id);
     } catch (abandonErr) {
       // Something of the attempt would not die: its manifest stays, for a
       // later recover() to decide; until then the id is refused.

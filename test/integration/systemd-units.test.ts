@@ -137,8 +137,10 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     // Whatever MainPID showed when first read (systemd's fork, or perl already), the target is perl.
     expect(out.exe).toBe('/usr/bin/perl');
     expect(out.manifest?.state).toBe('running');
-    // Today: no cgroup is recorded for a pid function's target.
-    expect(out.cgroup).toBeNull();
+    // The unit's cgroup, named for the token and root's, is the instance's: recorded as a unit's.
+    const unitCgroup = `/sys/fs/cgroup/system.slice/${out.unit}.service`;
+    expect(out.cgroup).toBe(unitCgroup);
+    expect(out.manifest?.cgroup).toMatchObject({ path: unitCgroup, unit: true });
     expect(carriers(out.token!)).toEqual([]);
     await stopUnits(out.unit!);
   });
@@ -158,15 +160,17 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     }
   };
 
-  it('abandons a launch that failed its readiness: today by the token rule, not by the unit', async () => {
+  it('abandons a launch that failed its readiness by its unit: the helper too, never another unit', async () => {
     const { out } = await agent({ op: 'launch', id: 'vm2', failReady: true, helper: true, decoy: true });
     expect(out.errors.map((e) => e.message)).toEqual(['not ready']);
     expect(out.manifest).toBeNull();
-    expect(carriers(out.token!)).toEqual([]);
-    // Today: the decoy, in another unit but carrying the token as perl, was taken for the launch's and ended,
-    // and the helper, which carries nothing, was left running in the unit.
-    expect(unitProcs('decoy-vm2')).toEqual([]);
-    expect(unitProcs(out.unit!).map((p) => p.argv)).toEqual(['unit-helper']);
+    // The one carrier of the token left is the decoy.
+    expect(carriers(out.token!)).toEqual(unitProcs('decoy-vm2').map((p) => p.pid));
+    // The unit's helper (its middle fork reaped, nothing of the token) ended with it; the decoy, carrying the
+    // token as perl in another unit, was never touched.
+    expect(unitProcs(out.unit!)).toEqual([]);
+    expect(unitProcs('decoy-vm2').map((p) => p.argv)).toEqual([`/usr/bin/perl -e sleep 100 ${out.token}`]);
+    expect(out.events.filter((e) => e.message.includes('decoy'))).toEqual([]);
     await stopUnits(out.unit!, 'decoy-vm2');
   });
 
@@ -176,11 +180,13 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(out.mainPid).toBeGreaterThan(1);
     const r = await agent({ op: 'reopen', stop: true });
     expect(r.out.errors).toEqual([]);
-    expect(r.out.inspect).toEqual([{ id: 'vm3', pid: out.mainPid, cgroup: null }]);
+    // Recovery finds the unit as launch would have.
+    expect(r.out.inspect).toEqual([
+      { id: 'vm3', pid: out.mainPid, cgroup: `/sys/fs/cgroup/system.slice/${out.unit}.service` },
+    ]);
     expect(r.out.stops?.map((s) => s.result)).toEqual(['stopped']);
     expect(carriers(out.token!)).toEqual([]);
-    // Today: the helper outlives the stop.
-    expect(unitProcs(out.unit!).map((p) => p.argv)).toEqual(['unit-helper']);
+    expect(unitProcs(out.unit!)).toEqual([]);
     await stopUnits(out.unit!);
   });
 
@@ -193,9 +199,10 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(r.out.errors).toEqual([]);
     expect(r.out.report?.adopted).toEqual([{ id: 'vm4', pid: out.pid }]);
     expect(r.out.stops?.map((s) => s.result)).toEqual(['stopped']);
+    expect(r.out.inspect).toEqual([{ id: 'vm4', pid: out.pid, cgroup: out.cgroup }]);
     expect(carriers(out.token!)).toEqual([]);
-    // Today: the helper outlives the stop.
-    expect(alive(helper)).toBe(true);
+    // The stop was the unit's: its helper went with it.
+    expect(alive(helper)).toBe(false);
     await stopUnits(out.unit!);
   });
 });

@@ -14,6 +14,7 @@ import {
   DeferredError,
   InvalidArgError,
   LaunchExitedError,
+  NotOursError,
   QuarantinedError,
 } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
@@ -209,9 +210,24 @@ async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number,
 function inUnit(a: Attempt): void {
   if (typeof a.pidSpec !== 'function' || (a.cgroup && targetInCgroup(a))) return;
   const unit = unitCgroupOf(confirmedIdentity(a), a.token);
-  if (!unit) return;
-  a.launcherCgroup = a.cgroup;
-  a.cgroup = unit;
+  if (unit) {
+    a.launcherCgroup = a.cgroup;
+    a.cgroup = unit;
+    return;
+  }
+  if (!a.cgroup) return;
+  // Anywhere else, with an instance cgroup made for it: not the instance's (whoever put it there owns it), and
+  // never signalled: the abandon that follows ends only what is in the instance cgroup.
+  const target = confirmedTarget(a);
+  const where = backend.cgroupOf(target.pid);
+  target.close();
+  a.target = null;
+  a.identity = null;
+  throw new NotOursError(
+    a.id,
+    target.pid,
+    `pid ${target.pid} is in cgroup ${where ?? '(gone)'}, neither the instance's (${a.cgroup.node}) nor a systemd unit's named for its token`,
+  );
 }
 
 /** Where the confirmed target is recorded: the session only while the target is in it, the cgroup only if it is in it. */
@@ -277,13 +293,6 @@ async function run(
       identity: a.identity,
       message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection`,
     });
-    if (a.cgroup && !cgroup) {
-      host.emit('warning', {
-        id: spec.id,
-        pid,
-        message: `pid ${pid} was created outside the instance cgroup (by whatever the pid function asked): ${spec.id} runs with cgroup null, under the token rule`,
-      });
-    }
     const instance: Instance = {
       id: spec.id,
       pid,

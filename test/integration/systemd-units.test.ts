@@ -205,4 +205,33 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(alive(helper)).toBe(false);
     await stopUnits(out.unit!);
   });
+
+  it('with a cgroup root: the unit named for the token is the instance cgroup, and the launcher’s goes', async () => {
+    const root = '/sys/fs/cgroup/custody-agent';
+    const { out } = await agent({ op: 'launch', id: 'vm5', root, helper: true, stop: true });
+    expect(out.errors).toEqual([]);
+    expect(out.cgroup).toBe(`/sys/fs/cgroup/system.slice/${out.unit}.service`);
+    expect(out.manifest?.cgroup).toMatchObject({ path: out.cgroup, unit: true });
+    expect(carriers(out.token!)).toEqual([]);
+    expect(unitProcs(out.unit!)).toEqual([]);
+    // Nothing of the launch's is left under the root (the launcher's cgroup was removed once it exited).
+    const own = readdirSync(ns.hostCgroup('custody-agent')).filter((d) => d.startsWith('custody-'));
+    for (const d of own) {
+      expect(readdirSync(join(ns.hostCgroup('custody-agent'), d)).filter((e) => e.startsWith('vm5.'))).toEqual([]);
+    }
+    await stopUnits(out.unit!);
+  });
+
+  it('with a cgroup root: a target in a unit not named for its token is ERR_CUSTODY_NOT_OURS naming it, never signalled', async () => {
+    const { out } = await agent({ op: 'launch', id: 'vm6', root: '/sys/fs/cgroup/custody-agent', foreign: true });
+    expect(out.errors).toEqual([
+      expect.objectContaining({
+        code: 'ERR_CUSTODY_NOT_OURS',
+        message: expect.stringContaining('cgroup /system.slice/other-vm6.service'),
+      }),
+    ]);
+    expect(out.manifest).toBeNull();
+    expect(unitProcs('other-vm6').map((p) => p.argv)).toEqual([`/usr/bin/perl -e sleep 100 ${out.token}`]);
+    await stopUnits('other-vm6');
+  });
 });

@@ -51,7 +51,8 @@ export const lsCommand: Command = {
 for one its restart policy restarts), what its process verifies as now (ok, gone,
 reused, mismatch...), why its last run ended and its restarts where recorded, the
 quarantine reason or what it waits for (after-exit: a hook owed; no-spec: a restart
-that needs its spec) where there is one, entries that hold no valid manifest, and
+that needs its spec) where there is one, its cgroup (a systemd unit's is marked
+"(unit)"), entries that hold no valid manifest, and
 files at the top that custody did not write. Read-only: no lock is taken and nothing is created or changed, so it also works
 while a supervisor holds the dir. A dir that does not exist is an error.`,
   options: [STATE_DIR_OPTION, JSON_OPTION],
@@ -72,6 +73,7 @@ while a supervisor holds the dir. A dir that does not exist is an error.`,
           restarts: null,
           waiting: null,
           command: null,
+          cgroup: null,
           error: entry.error.message,
         };
       }
@@ -90,6 +92,8 @@ while a supervisor holds the dir. A dir that does not exist is an error.`,
         // What it waits for: its afterExit hook (owed), or the spec a restart needs (no-spec).
         waiting: m.owed ? 'after-exit' : m.state === 'backoff' && m.waiting ? m.waiting : null,
         command: m.command,
+        // The instance's cgroup: one custody made, or a systemd unit's (unit: true), which custody never removes.
+        cgroup: m.cgroup ?? null,
         error: null,
       };
     });
@@ -100,10 +104,15 @@ while a supervisor holds the dir. A dir that does not exist is an error.`,
         verdict: joined(i.verdict ?? undefined, i.field ?? undefined),
         reason: i.error ?? joined(i.quarantine?.reason, i.quarantine?.field) ?? i.waiting,
         last: i.lastResult,
+        cgroup: i.cgroup ? `${i.cgroup.path}${i.cgroup.unit ? ' (unit)' : ''}` : null,
       }));
       const lines = [
         formatLine(listing),
-        table(rows, ['id', 'state', 'pid', 'verdict', 'last', 'restarts', 'reason', 'command'], 'no instances'),
+        table(
+          rows,
+          ['id', 'state', 'pid', 'verdict', 'last', 'restarts', 'reason', 'cgroup', 'command'],
+          'no instances',
+        ),
       ];
       if (listing.foreign.length) lines.push(`not custody's (left alone): ${shownArgv(listing.foreign)}`);
       return lines.join('\n');

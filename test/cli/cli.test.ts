@@ -378,7 +378,9 @@ describe(`custody inspect (${backend.name})`, () => {
 
     const json = JSON.parse(ok(await cli(['inspect', String(pid), '--json'])));
     // custody's lossless form, byte for byte, and the path read beside it.
-    expect(json).toEqual({ ...id, state: json.state, exePath: exe });
+    // And its cgroup v2, as /proc/<pid>/cgroup names it.
+    const cgroup = readFileSync(`/proc/${pid}/cgroup`, 'utf8').match(/^0::(.*)$/m)?.[1] ?? null;
+    expect(json).toEqual({ ...id, state: json.state, exePath: exe, cgroup });
   });
 
   it('a pid with no process, and a thread, are errors in words with their codes', async () => {
@@ -412,12 +414,12 @@ describe(`custody ls (${backend.name})`, () => {
     expect(JSON.parse(ok(await cli(['ls', '--json'], { CUSTODY_STATE_DIR: s.stateDir })))).toEqual(json);
     const human = ok(await cli(['--state-dir', s.stateDir, 'ls'])).split('\n');
     expect(human[0]).toBe(`state dir ${s.stateDir}: format 3`);
-    expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+LAST\s+RESTARTS\s+REASON\s+COMMAND$/);
+    expect(human[1]).toMatch(/^ID\s+STATE\s+PID\s+VERDICT\s+LAST\s+RESTARTS\s+REASON\s+CGROUP\s+COMMAND$/);
     expect(human[2]).toMatch(
-      new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+-\\s+-\\s+${PYTHON}$`),
+      new RegExp(`^bad\\s+running\\s+${s.pids.bad}\\s+reused:startTicks\\s+-\\s+-\\s+-\\s+-\\s+${PYTHON}$`),
     );
     expect(human[3]).toMatch(/^half\s+incomplete\s+-\s+-\s+-\s+-\s+manifest .*no manifest/);
-    expect(human[4]).toMatch(new RegExp(`^ok\\s+running\\s+${s.pids.ok}\\s+ok\\s+-\\s+-\\s+-\\s+${PYTHON}$`));
+    expect(human[4]).toMatch(new RegExp(`^ok\\s+running\\s+${s.pids.ok}\\s+ok\\s+-\\s+-\\s+-\\s+-\\s+${PYTHON}$`));
     expect(human.slice(5)).toEqual(["not custody's (left alone): notes.txt", '']);
     expect(snapshot(s.stateDir)).toEqual(before);
   });

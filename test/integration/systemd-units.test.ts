@@ -195,6 +195,18 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(signal).toBe('SIGKILL');
     expect(out.exe).toBe('/usr/bin/perl');
     const helper = helperOf(out.unit!);
+    // The CLI, inside, shows the unit's cgroup: ls from the manifest, inspect from the process.
+    const cli = new URL('../../dist/cli/main.js', import.meta.url).pathname;
+    const ls = JSON.parse(await ns.ok([process.execPath, cli, 'ls', '--state-dir', stateDir, '--json'])) as {
+      instances: Array<{ id: string; cgroup: unknown }>;
+    };
+    expect(ls.instances).toEqual([expect.objectContaining({ id: 'vm4', cgroup: { ...out.manifest?.cgroup } })]);
+    expect(out.manifest?.cgroup).toMatchObject({ path: out.cgroup, unit: true });
+    expect(await ns.ok([process.execPath, cli, 'ls', '--state-dir', stateDir])).toContain(`${out.cgroup} (unit)`);
+    const inspected = JSON.parse(await ns.ok([process.execPath, cli, 'inspect', String(out.pid), '--json'])) as {
+      cgroup: string;
+    };
+    expect(inspected.cgroup).toBe(`/system.slice/${out.unit}.service`);
     const r = await agent({ op: 'reopen', stop: true });
     expect(r.out.errors).toEqual([]);
     expect(r.out.report?.adopted).toEqual([{ id: 'vm4', pid: out.pid }]);

@@ -45,6 +45,7 @@ was given), what its process verifies as now (ok, gone,
 reused, mismatch...), how long that process has run (when it verifies), its restarts,
 why its last run ended where recorded, the quarantine reason or what it waits for
 (after-exit: a hook owed; no-spec: a restart that needs its spec) where there is one,
+its cgroup where it has one (a systemd unit's is marked "(unit)"),
 and its arguments (argv, argv[0] included; the table clips long ones, --json has them
 whole). Also entries that hold no valid manifest, and files at the top that custody
 did not write. Read-only: no lock is taken and nothing is created or changed, so it
@@ -72,6 +73,7 @@ also works while a supervisor holds the dir. A dir that does not exist is an err
           waiting: null,
           command: null,
           argv: null,
+          cgroup: null,
           error: entry.error.message,
         };
       }
@@ -97,6 +99,8 @@ also works while a supervisor holds the dir. A dir that does not exist is an err
         waiting: m.owed ? 'after-exit' : m.state === 'backoff' && m.waiting ? m.waiting : null,
         command: m.command,
         argv: m.identity?.argv ?? null,
+        // The instance's cgroup: one custody made, or a systemd unit's (unit: true), which custody never removes.
+        cgroup: m.cgroup ?? null,
         error: null,
       };
     });
@@ -110,10 +114,25 @@ also works while a supervisor holds the dir. A dir that does not exist is an err
         last: i.lastResult,
         // The process's argv where one is recorded; else the command it was launched with.
         args: i.argv ? clipped(shownArgv(i.argv), ARGS_WIDTH) : i.command,
+        cgroup: i.cgroup ? `${i.cgroup.path}${i.cgroup.unit ? ' (unit)' : ''}` : null,
       }));
       // RUNAS only where an instance was started as another uid: most state dirs have none.
       const runAs = instances.some((i) => i.runAs !== null) ? ['runAs'] : [];
-      const columns = ['id', 'state', 'pid', ...runAs, 'verdict', 'uptime', 'last', 'restarts', 'reason', 'args'];
+      // CGROUP likewise only where an instance has one (a systemd unit's is marked "(unit)").
+      const cgroup = instances.some((i) => i.cgroup !== null) ? ['cgroup'] : [];
+      const columns = [
+        'id',
+        'state',
+        'pid',
+        ...runAs,
+        'verdict',
+        'uptime',
+        'last',
+        'restarts',
+        'reason',
+        ...cgroup,
+        'args',
+      ];
       const lines = [formatLine(listing), table(rows, columns, 'no instances')];
       if (listing.foreign.length) lines.push(`not custody's (left alone): ${shownArgv(listing.foreign)}`);
       return lines.join('\n');

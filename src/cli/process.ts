@@ -61,7 +61,8 @@ export const inspectCommand: Command = {
   description: `Reads the identity custody records for a process and later proves it by: boot id,
 start time, pidfs id (native backend, Linux >= 6.9), the executable (its path, and
 the device:inode that proves it), argv as bytes (a byte that is not UTF-8 shown as
-\\xNN; --json gives custody's lossless form), uid, parent and session. Nothing is
+\\xNN; --json gives custody's lossless form), uid, parent and session; and the
+cgroup v2 it is in (a systemd unit's, for a systemd-run target). Nothing is
 signalled or changed.`,
   options: [JSON_OPTION],
   async run(p) {
@@ -75,7 +76,10 @@ signalled or changed.`,
     const link = backend.exePath(pid);
     // Read after the identity: it counts only if the pid still names that process.
     const path = link !== null && verify(id).verdict === 'ok' ? link : null;
-    print(flag(p, 'json'), { ...id, exePath: path }, () =>
+    // Its cgroup v2 (a systemd unit's, for a systemd-run target), as /proc/<pid>/cgroup names it; same check.
+    const where = backend.cgroupOf(pid);
+    const cgroup = where !== null && verify(id).verdict === 'ok' ? where : null;
+    print(flag(p, 'json'), { ...id, exePath: path, cgroup }, () =>
       [
         ['pid', id.pid],
         ['ppid', id.ppid],
@@ -88,6 +92,7 @@ signalled or changed.`,
         ['pidNs', id.pidNs ?? '-'],
         ['exe', exeLine(id.exe, path)],
         ['argv', shownArgv(id.argv)],
+        ['cgroup', cgroup ?? '-'],
       ]
         .map(([k, v]) => `${String(k).padEnd(12)}${v}`)
         .join('\n'),

@@ -14,6 +14,7 @@ import {
   DeferredError,
   InvalidArgError,
   LaunchExitedError,
+  NotOursError,
   QuarantinedError,
 } from '../errors.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
@@ -37,6 +38,7 @@ import { afterExitOf, type Life, type Starting } from './instances.js';
 import { restartRecord } from './ends.js';
 import { resultOf } from '../process/exit.js';
 import { type Abandoned, abandon, type LeftProcess, targetInCgroup } from './abandon.js';
+import { unitCgroupOf } from '../process/unit-cgroup.js';
 import { confirm } from './confirm.js';
 import {
   confirmedIdentity,
@@ -198,12 +200,13 @@ async function attempt(host: LifecycleHost, spec: LaunchSpec, attemptNo: number,
   // A restart appends to the logs (only launch() rotates them): a crash loop keeps every crash's output.
   const logs = host.logs.prepare(spec.id, logged ? spec.logs : false, !life?.relaunching);
   // The cgroup before the manifest that names it: a crash between the two leaves an empty cgroup, which recovery removes.
-  a.cgroup = host.cgroups?.create(spec.id, a.token, spec.limits) ?? null;
-  if (a.cgroup) host.launching.add(a.cgroup.path);
+  const made = host.cgroups?.create(spec.id, a.token, spec.limits) ?? null;
+  a.cgroup = made;
+  if (made) host.launching.add(made.path);
   try {
     return await run(host, spec, attemptNo, a, logs, life);
   } finally {
-    if (a.cgroup) host.launching.delete(a.cgroup.path);
+    if (made) host.launching.delete(made.path);
   }
 }
 
@@ -226,11 +229,39 @@ function confirmedManifest(manifest: StartingManifest, a: Attempt, cgroup: Insta
   };
 }
 
+/**
+ * A pid function's target outside the attempt's cgroup, in a systemd unit of the launch's (its name carries the
+ * token, root owns it): the unit's cgroup is the instance's from here on, and the one made for the launcher
+ * (with a cgroup root) is only the launcher's.
+ */
+function inUnit(a: Attempt): void {
+  if (typeof a.pidSpec !== 'function' || (a.cgroup && targetInCgroup(a))) return;
+  const unit = unitCgroupOf(confirmedIdentity(a), a.token);
+  if (unit) {
+    a.launcherCgroup = a.cgroup;
+    a.cgroup = unit;
+    return;
+  }
+  if (!a.cgroup) return;
+  // Anywhere else, with an instance cgroup made for it: not the instance's (whoever put it there owns it), and
+  // never signalled: the abandon that follows ends only what is in the instance cgroup.
+  const target = confirmedTarget(a);
+  const where = backend.cgroupOf(target.pid);
+  target.close();
+  a.target = null;
+  a.identity = null;
+  throw new NotOursError(
+    a.id,
+    target.pid,
+    `pid ${target.pid} is in cgroup ${where ?? '(gone)'}, neither the instance's (${a.cgroup.node}) nor a systemd unit's named for its token`,
+  );
+}
+
 /** Where the confirmed target is recorded: the session only while the target is in it, the cgroup only if it is in it. */
 function placement(a: Attempt, identity: ProcessIdentity, cgroup: InstanceCgroup | null) {
   return {
     session: a.session !== null && identity.session === a.session ? a.session : null,
-    cgroup: cgroup ? { path: cgroup.path, id: cgroup.id } : null,
+    cgroup: cgroup ? { path: cgroup.path, id: cgroup.id, ...(cgroup.unit ? { unit: true as const } : {}) } : null,
   };
 }
 
@@ -277,6 +308,7 @@ async function run(
     const deadline = Date.now() + confirmTimeoutMs;
     let pid = await obtainPid(a, deadline, confirmTimeoutMs, signal);
     await confirm(a, pid, deadline, confirmTimeoutMs, signal);
+    inUnit(a);
     const cgroup = a.cgroup && targetInCgroup(a) ? a.cgroup : null;
     confirmedCgroup = cgroup;
     // Recorded, fsync'd, before readiness: a supervisor killed while it waits leaves the proven identity.
@@ -287,13 +319,6 @@ async function run(
       identity: a.identity,
       message: `pid ${pid} exec'd into the expected argv; identity recorded from that inspection`,
     });
-    if (a.cgroup && !cgroup) {
-      host.emit('warning', {
-        id: spec.id,
-        pid,
-        message: `pid ${pid} was created outside the instance cgroup (by whatever the pid function asked): ${spec.id} runs with cgroup null, under the token rule`,
-      });
-    }
     const instance: Instance = {
       id: spec.id,
       pid,
@@ -334,7 +359,8 @@ async function run(
       // The launcher is ours to reap whenever it ends; it holds nothing.
       child.unref();
       child.close();
-      if (a.cgroup && !cgroup) removeLauncherCgroup(host, spec.id, child, a.cgroup);
+      const launcherCgroup = a.launcherCgroup ?? (a.cgroup && !cgroup ? a.cgroup : null);
+      if (launcherCgroup) removeLauncherCgroup(host, spec.id, child, launcherCgroup);
     }
     const tracked = track(host, running, target, cgroup, { life, afterExit: afterExitOf(spec) });
     const live = host.table.get(spec.id);
@@ -359,8 +385,9 @@ async function run(
     let undone: Abandoned;
     try {
       undone = await host.withRoom(() => abandon(a, spec.abandonGraceMs ?? 2000, host.emit));
-      // Proven empty: the cgroup goes, then the state.
+      // Proven empty: the cgroup goes (a unit's is systemd's to remove), then the state.
       if (a.cgroup) await removeCgroup(a.cgroup, host.emit, spec.id);
+      if (a.launcherCgroup) await removeCgroup(a.launcherCgroup, host.emit, spec.id);
     } catch (abandonErr) {
       // Something of the attempt would not die: its manifest stays, for a
       // later recover() to decide; until then the id is refused.

@@ -270,8 +270,13 @@ export interface Attempt {
    * may exec after it was named: its record is proven by the kernel (pidfs id, cgroup), not by its marks.
    */
   handedOff?: boolean;
-  /** The attempt's cgroup, which the child was placed in before exec; null without a cgroup root. */
+  /**
+   * The attempt's cgroup, which the child was placed in before exec; null without a cgroup root. Once a pid
+   * function's target is confirmed in a systemd unit of the launch's, that unit's cgroup (`unit`).
+   */
   cgroup: InstanceCgroup | null;
+  /** The cgroup made for the launcher, where the target turned out to be in a unit's (removed once it exits). */
+  launcherCgroup?: InstanceCgroup | null;
   identity: ProcessIdentity | null;
   /** The attempt's last output, read when it fails (see startChild). */
   stderrTail: () => string | undefined;

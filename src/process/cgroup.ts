@@ -174,11 +174,17 @@ export class InstanceCgroup {
   readonly node: string;
   /** The cgroup id: the directory's inode number, which is the kernel's cgroup id (decimal: it is 64-bit). */
   readonly id: string;
+  /**
+   * A systemd unit's cgroup (src/process/unit-cgroup.ts): the instance's, killed through, but systemd's to
+   * make and remove; custody never creates, chowns or removes it.
+   */
+  readonly unit: boolean;
 
-  constructor(dir: string, node: string, id: string) {
+  constructor(dir: string, node: string, id: string, unit = false) {
     this.path = dir;
     this.node = node;
     this.id = id;
+    this.unit = unit;
   }
 
   /**
@@ -186,9 +192,9 @@ export class InstanceCgroup {
    * none) this supervisor has: 'gone' where no directory is there; throws
    * UnsafePathError where one is there that custody may not act through.
    */
-  static recorded(recorded: { path: string; id: string }): InstanceCgroup | 'gone' {
+  static recorded(recorded: { path: string; id: string; unit?: boolean }): InstanceCgroup | 'gone' {
     const place = recordedCgroup(recorded);
-    return place === 'gone' ? 'gone' : new InstanceCgroup(place.path, place.node, place.id);
+    return place === 'gone' ? 'gone' : new InstanceCgroup(place.path, place.node, place.id, recorded.unit === true);
   }
 
   #read(file: string): string {
@@ -342,6 +348,8 @@ export class InstanceCgroup {
    * are proven gone; an empty directory left behind is no reason to fail a stop, an abandon or an open).
    */
   async remove(ms = 1000): Promise<CgroupLeftover[]> {
+    // A unit's cgroup is systemd's: it removes it once the unit is done.
+    if (this.unit) return [];
     // Only through a cgroup that is still the one recorded, and no other uid's to swap.
     guardCgroup(this);
     try {

@@ -15,6 +15,7 @@ import { BadPidfileError } from '../errors.js';
 import type { Emit } from '../events.js';
 import { readPidfile } from '../lifecycle/pidfile.js';
 import type { InstanceCgroup } from '../process/cgroup.js';
+import { unitCgroupOf } from '../process/unit-cgroup.js';
 import type { ProcessHandle } from '../process/handle.js';
 import { type Claim, describeRejection, isMember, type Judgement, judge } from '../process/ownership.js';
 import { terminateMembers } from '../process/tree.js';
@@ -204,12 +205,15 @@ export class InterruptedLaunches {
   }
 
   async #adopt(m: StartingManifest, chosen: Pinned, group: InstanceCgroup | null): Promise<void> {
-    const kept = group && isMember(chosen.identity, { pids: new Set(), cgroup: group.node }) ? group : null;
+    const inside = group && isMember(chosen.identity, { pids: new Set(), cgroup: group.node }) ? group : null;
+    // A pid function's target in a systemd unit of the launch's is in the instance's cgroup, as launch finds it.
+    const kept = inside ?? (m.pidSource === 'function' ? unitCgroupOf(chosen.identity, m.token) : null);
+    const recorded = kept?.unit ? { path: kept.path, id: kept.id, unit: true as const } : kept ? m.cgroup : null;
     const running: RunningManifest = {
       ...m,
       state: 'running',
       identity: chosen.identity,
-      cgroup: kept ? m.cgroup : null,
+      cgroup: recorded,
       updatedAt: new Date().toISOString(),
     };
     try {

@@ -59,7 +59,7 @@ interface ManifestFields {
   /** The session custody created for the instance, while the target is in it: its members are the instance's. */
   session?: number | null;
   /** The instance's cgroup (cgroup v2): its absolute path and id (the directory's inode), written before spawn. */
-  cgroup?: { path: string; id: string } | null;
+  cgroup?: { path: string; id: string; unit?: true } | null;
   /** Where the pid came from. */
   pidSource: 'child' | 'file' | 'function';
   pidFile: string | null;
@@ -326,6 +326,7 @@ export function decodeManifest(text: string, path: string, expectedId?: string):
     const c = v.cgroup;
     const ok = isObj(c) && typeof c.path === 'string' && c.path.startsWith('/') && !c.path.includes('\0');
     if (!ok || typeof c.id !== 'string' || !/^\d{1,20}$/.test(c.id)) throw bad('cgroup is malformed');
+    if (c.unit !== undefined && c.unit !== true) throw bad('cgroup.unit is malformed');
   }
   if (v.identity !== null) {
     const problem = identityProblem(v.identity);

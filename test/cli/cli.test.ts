@@ -416,7 +416,9 @@ describe(`custody inspect (${backend.name})`, () => {
 
     const json = JSON.parse(ok(await cli(['inspect', String(pid), '--json'])));
     // custody's lossless form, byte for byte, and the path read beside it.
-    expect(json).toEqual({ ...id, state: json.state, exePath: exe });
+    // And its cgroup v2, as /proc/<pid>/cgroup names it.
+    const cgroup = readFileSync(`/proc/${pid}/cgroup`, 'utf8').match(/^0::(.*)$/m)?.[1] ?? null;
+    expect(json).toEqual({ ...id, state: json.state, exePath: exe, cgroup });
   });
 
   it('a pid with no process, and a thread, are errors in words with their codes', async () => {

@@ -303,6 +303,11 @@ describe(`the manifest decoder (${backend.name})`, () => {
     for (const handedOff of [false, 'true', 1, null])
       expect(() => decode({ notify, handedOff })).toThrow(/handedOff is malformed/);
     expect(() => decode({ handedOff: true })).toThrow(/handedOff is malformed/);
+    // A systemd unit's cgroup is flagged as such (custody never removes it); the flag is true or absent.
+    const unit = { path: '/sys/fs/cgroup/system.slice/vm-x.service', id: '123', unit: true };
+    expect(decode({ cgroup: unit }).cgroup).toEqual(unit);
+    for (const bad of [false, 1, 'yes'])
+      expect(() => decode({ cgroup: { ...unit, unit: bad } })).toThrow(/cgroup\.unit is malformed/);
   });
 
   it('a manifest with a pid beyond pid_max is quarantined as a bad manifest; open does not fail', async () => {

@@ -61,6 +61,15 @@ describe(`the shipped examples (${backend.name})`, () => {
         : [/^skipped: ready: 'notify' needs the native backend \(this is js\)$/m],
     ));
 
+  it('exec-attrs.js: the attributes this backend applies, as the kernel shows them', () =>
+    runs('exec-attrs.js', [
+      new RegExp(`^backend: ${backend.name}; asking for umask, rlimits, oomScoreAdj`, 'm'),
+      // runAs where root runs it: nobody's uid; else the agent's own.
+      new RegExp(`^uid ${process.getuid?.() === 0 ? 65534 : process.getuid?.()}, umask 0027, nofile \\d+/\\d+$`, 'm'),
+      new RegExp(`^oom_score_adj \\d+, no_new_privs ${backend.name === 'native' ? 1 : 0}$`, 'm'),
+      /^stopped nap: exited, stopped$/m,
+    ]));
+
   it('commonjs.cjs: require() and token: env', () =>
     runs('commonjs.cjs', [new RegExp(`^backend: ${backend.name}$`, 'm'), /^stopped nap: exited, stopped$/m]));
 

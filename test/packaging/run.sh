@@ -70,7 +70,7 @@ tarball_contents() {
     binding.gyp native/addon.cc scripts/install.cjs README.md LICENSE CHANGELOG.md; do
     grep -qx "package/$f" <<<"$list" || { echo "missing $f"; return 1; }
   done
-  for f in examples/quickstart.js examples/adopt.js examples/restart.js examples/notify-daemon.js \
+  for f in examples/quickstart.js examples/adopt.js examples/restart.js examples/notify-daemon.js examples/exec-attrs.js \
     examples/commonjs.cjs examples/typescript.ts examples/qemu.js examples/qmp.js; do
     grep -qx "package/$f" <<<"$list" || { echo "missing $f"; return 1; }
   done
@@ -119,7 +119,7 @@ check "CUSTODY_BACKEND=js: js backend, says it was forced" \
 
 # Every shipped example, run from the installed package as a user runs it (each ends what it starts).
 ex="$pkg/examples"
-for f in quickstart.js adopt.js restart.js notify-daemon.js commonjs.cjs hostagent-sweep.js demo.js; do
+for f in quickstart.js adopt.js restart.js notify-daemon.js exec-attrs.js commonjs.cjs hostagent-sweep.js demo.js; do
   check "example $f runs from the installed package" run_app node "$ex/$f"
 done
 if command -v qemu-system-x86_64 >/dev/null; then

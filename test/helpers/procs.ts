@@ -3,7 +3,7 @@
  * can be compared with what was independently set up.
  */
 import { spawn as cpSpawn, type ChildProcess, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -229,4 +229,18 @@ export function untilReady(stream: NodeJS.ReadableStream): Promise<void> {
  */
 export function asNamespaceInit(fixture: string, ...args: string[]): string[] {
   return ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, fixture, ...args];
+}
+
+/** The processes (host pids, every namespace's) whose argv carries `token`, in /proc's order. */
+export function tokenCarriers(token: string): number[] {
+  const out: number[] = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(token)) out.push(Number(name));
+    } catch {
+      // gone
+    }
+  }
+  return out;
 }

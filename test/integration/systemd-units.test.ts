@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CGROUP_MOUNT } from '../helpers/cgroup.js';
 import { cleanupAfterEach } from '../helpers/cleanups.js';
+import { tokenCarriers } from '../helpers/procs.js';
 import { boot, type SystemdNs, systemdSkip } from '../helpers/systemd-ns.js';
 
 cleanupAfterEach();
@@ -109,20 +110,6 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     });
   }
 
-  /** The processes on the host (every namespace's; host pids) that carry the token in their argv. */
-  function carriers(token: string): number[] {
-    const out: number[] = [];
-    for (const name of readdirSync('/proc')) {
-      if (!/^\d+$/.test(name)) continue;
-      try {
-        if (readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(token)) out.push(Number(name));
-      } catch {
-        // gone
-      }
-    }
-    return out;
-  }
-
   /** Ends what a test left in the namespace (its units), so the next starts clean. */
   async function stopUnits(...units: string[]): Promise<void> {
     for (const u of units) await ns.run(['systemctl', 'kill', '--signal=SIGKILL', `${u}.service`]);
@@ -141,7 +128,7 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     const unitCgroup = `/sys/fs/cgroup/system.slice/${out.unit}.service`;
     expect(out.cgroup).toBe(unitCgroup);
     expect(out.manifest?.cgroup).toMatchObject({ path: unitCgroup, unit: true });
-    expect(carriers(out.token!)).toEqual([]);
+    expect(tokenCarriers(out.token!)).toEqual([]);
     await stopUnits(out.unit!);
   });
 
@@ -165,7 +152,7 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(out.errors.map((e) => e.message)).toEqual(['not ready']);
     expect(out.manifest).toBeNull();
     // The one carrier of the token left is the decoy.
-    expect(carriers(out.token!)).toEqual(unitProcs('decoy-vm2').map((p) => p.pid));
+    expect(tokenCarriers(out.token!)).toEqual(unitProcs('decoy-vm2').map((p) => p.pid));
     // The unit's helper (its middle fork reaped, nothing of the token) ended with it; the decoy, carrying the
     // token as perl in another unit, was never touched.
     expect(unitProcs(out.unit!)).toEqual([]);
@@ -185,7 +172,7 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
       { id: 'vm3', pid: out.mainPid, cgroup: `/sys/fs/cgroup/system.slice/${out.unit}.service` },
     ]);
     expect(r.out.stops?.map((s) => s.result)).toEqual(['stopped']);
-    expect(carriers(out.token!)).toEqual([]);
+    expect(tokenCarriers(out.token!)).toEqual([]);
     expect(unitProcs(out.unit!)).toEqual([]);
     await stopUnits(out.unit!);
   });
@@ -212,7 +199,7 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(r.out.report?.adopted).toEqual([{ id: 'vm4', pid: out.pid }]);
     expect(r.out.stops?.map((s) => s.result)).toEqual(['stopped']);
     expect(r.out.inspect).toEqual([{ id: 'vm4', pid: out.pid, cgroup: out.cgroup }]);
-    expect(carriers(out.token!)).toEqual([]);
+    expect(tokenCarriers(out.token!)).toEqual([]);
     // The stop was the unit's: its helper went with it.
     expect(alive(helper)).toBe(false);
     await stopUnits(out.unit!);
@@ -224,7 +211,7 @@ describe.skipIf(SKIP)('systemd-run --unit inside a real systemd', () => {
     expect(out.errors).toEqual([]);
     expect(out.cgroup).toBe(`/sys/fs/cgroup/system.slice/${out.unit}.service`);
     expect(out.manifest?.cgroup).toMatchObject({ path: out.cgroup, unit: true });
-    expect(carriers(out.token!)).toEqual([]);
+    expect(tokenCarriers(out.token!)).toEqual([]);
     expect(unitProcs(out.unit!)).toEqual([]);
     // Nothing of the launch's is left under the root (the launcher's cgroup was removed once it exited).
     const own = readdirSync(ns.hostCgroup('custody-agent')).filter((d) => d.startsWith('custody-'));

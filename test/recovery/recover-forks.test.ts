@@ -4,7 +4,7 @@
 // supervisor with its child held at execve; these stage what that cannot.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { readdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { backend } from '../../src/backend/index.js';
@@ -14,7 +14,7 @@ import type { StartingManifest } from '../../src/state/manifest.js';
 import { StateStore } from '../../src/state/store.js';
 import { expectNoLeaks } from '../helpers/leaks.js';
 import { startingManifest } from '../helpers/state.js';
-import { endOwn, isRoot, MARKER, type Own, startOf, tmpDir } from '../helpers/procs.js';
+import { endOwn, isRoot, MARKER, type Own, startOf, tmpDir, tokenCarriers } from '../helpers/procs.js';
 import { FIXTURES, PERL, PYTHON } from '../helpers/supervisor.js';
 
 expectNoLeaks({ marker: MARKER });
@@ -49,19 +49,6 @@ const firstLine = (c: ChildProcess) =>
     c.stdout!.once('data', (d) => resolve(String(d).trim()));
     c.once('exit', (code) => reject(new Error(`exited ${code} before a line`)));
   });
-
-function carriers(token: string): number[] {
-  const out: number[] = [];
-  for (const name of readdirSync('/proc')) {
-    if (!/^\d+$/.test(name)) continue;
-    try {
-      if (readFileSync(`/proc/${name}/cmdline`, 'latin1').includes(token)) out.push(Number(name));
-    } catch {
-      // gone
-    }
-  }
-  return out;
-}
 
 /**
  * A dead "supervisor" whose fork waits 1 s and execs `argv` (a launcher carrying the token) for a launch
@@ -99,7 +86,7 @@ async function recoverLaunch(token: string, argv: string[]) {
   sup.kill('SIGKILL');
   await new Promise((r) => (sup.exitCode !== null || sup.signalCode !== null ? r(null) : sup.once('exit', r)));
   const opened = await Supervisor.open({ stateDir, onEvent: () => {} });
-  for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
+  for (const pid of tokenCarriers(token)) extraPids.push({ pid, start: startOf(pid) });
   return opened;
 }
 
@@ -110,10 +97,10 @@ async function expectTargetAdopted(token: string, argv: string[]): Promise<void>
     expect(report.cleaned).toEqual([]);
     expect(report.adopted).toMatchObject([{ id: 'i-0', reason: 'starting' }]);
     const target = report.adopted[0]!.pid!;
-    for (const pid of carriers(token)) extraPids.push({ pid, start: startOf(pid) });
-    expect(carriers(token)).toEqual([target]);
+    for (const pid of tokenCarriers(token)) extraPids.push({ pid, start: startOf(pid) });
+    expect(tokenCarriers(token)).toEqual([target]);
     await supervisor.stop('i-0', { graceMs: 1000 });
-    expect(carriers(token)).toEqual([]);
+    expect(tokenCarriers(token)).toEqual([]);
   } finally {
     await supervisor.close();
   }

@@ -12,11 +12,13 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { CGROUP_MOUNT } from './cgroup.js';
 import { isRoot, tmpDir, waitFor } from './procs.js';
 
 const FIXTURE = new URL('../fixtures/systemd-ns.sh', import.meta.url).pathname;
+/** The project's tree: the agent under test, dist/ and node_modules/ are run from it inside the namespace. */
+const PROJECT = new URL('../..', import.meta.url).pathname.replace(/\/$/, '');
 const SYSTEMD = '/lib/systemd/systemd';
 
 function onPath(cmd: string): boolean {
@@ -141,11 +143,14 @@ export async function boot(): Promise<SystemdNs> {
     'sh',
     [
       '-c',
-      'echo $$ >"$1/cgroup.procs" && exec unshare --pid --mount --cgroup --uts --ipc --net --fork --propagation private "$2" "$3"',
+      'echo $$ >"$1/cgroup.procs" && shift && exec unshare --pid --mount --cgroup --uts --ipc --net --fork --propagation private "$@"',
       'sh',
       cgroup,
       FIXTURE,
       dir.path,
+      // What the agent runs from, kept visible where the boot covers it (a clone in /tmp, as CI's may be).
+      PROJECT,
+      dirname(dirname(process.execPath)),
     ],
     { stdio: ['ignore', 'ignore', 'pipe'] },
   );

@@ -24,6 +24,9 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 work=$(mktemp -d "${TMPDIR:-/tmp}/custody-pkg.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+# Traversable (not listable) by others: the consumer's PATH is $work/nocc-bin, and the examples that run
+# as root give their program runAs nobody, whose execve walks that path (mktemp's 0700 made it EACCES).
+chmod 711 "$work"
 # The consumer's environment is its own: none of this repository's switches.
 unset CUSTODY_REQUIRE_NATIVE CUSTODY_BACKEND CUSTODY_ADDON_PATH
 

@@ -88,7 +88,9 @@ describe(`afterExit (${backend.name})`, () => {
     const q = player('early', ['run']);
     q.go();
     const rq = recorder(() => ctx!.stateDir, q);
-    const notReady = () => {
+    // Fails once the run is counted: an abandon before perl wrote its pid would leave runs() empty.
+    const notReady = async () => {
+      await waitFor(() => q.runs().length === 1, 5000, 'the run counted');
       throw new Error('not ready');
     };
     await expect(ctx.supervisor.launch({ ...q.spec, afterExit: rq.afterExit, ready: notReady })).rejects.toThrow(

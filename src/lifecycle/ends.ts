@@ -115,6 +115,8 @@ export async function settleEnd(
       ? nextStep(life.policy, life.budget, now, ran)
       : { giveUp: false, delayMs: 0, budget: life.budget };
     life.budget = step.budget;
+    // The Instance the agent holds counts a restart once scheduled, as list() does, whether or not its launch runs.
+    if (life.view) life.view.restarts = life.budget.restarts;
     after = step.giveUp ? { kind: 'failed' } : { kind: 'backoff', delayMs: step.delayMs };
   }
   if (run.afterExit) await runAfterExit(host, run, run.afterExit, end, after?.kind === 'backoff');

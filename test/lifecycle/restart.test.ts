@@ -220,6 +220,29 @@ describe(`restart policies (${backend.name})`, () => {
     await ctx.supervisor.stop('chatty', { graceMs: 500 });
   });
 
+  it('Instance.restarts counts a restart from the moment it is scheduled, and one whose own launch failed', async () => {
+    ctx = await openSupervisor();
+    // Run 2 is never ready: the restart's launch is abandoned, an end of its own, past the limit: failed.
+    const p = player('vm', ['exit 3', 'run'], {
+      when: 'on-failure',
+      delayMs: 1000,
+      limit: { count: 1, withinMs: 60_000 },
+    });
+    const readyOnlyFirst = () => {
+      if (p.runs().length > 1) throw new Error('run 2 is never ready');
+    };
+    const inst = await ctx.supervisor.launch({ ...p.spec, ready: readyOnlyFirst });
+    p.go();
+    await waitFor(() => ctx!.supervisor.list().find((i) => i.status === 'backoff'), 20_000, 'backoff');
+    expect([inst.restarts, ctx.supervisor.list()[0]?.restarts]).toEqual([1, 1]);
+    // Its last end is the abandoned launch's: custody ended that process itself, so no status of its own.
+    expect(await inst.exited).toEqual({ code: null, signal: null });
+    await waitFor(() => ctx!.supervisor.list().find((i) => i.status === 'failed'), 20_000, 'failed');
+    expect(p.runs()).toHaveLength(2);
+    expect([inst.restarts, ctx.supervisor.list()[0]?.restarts]).toEqual([1, 1]);
+    await ctx.supervisor.remove('vm');
+  });
+
   it('the budget is durable: a backoff left by a closed supervisor restarts at the next open with its spec, its count carried on', async () => {
     ctx = await openSupervisor();
     const p = player('vm', ['exit 3', 'run'], {

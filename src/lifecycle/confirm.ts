@@ -10,6 +10,7 @@ import { ConfirmTimeoutError, NotOursError } from '../errors.js';
 import {
   describeRejection,
   judge,
+  sameFile,
   tokenMarks,
   type CgroupPlaces,
   type Claim,
@@ -135,6 +136,7 @@ export async function confirm(
         const verdict = judged ? judge(claim, live, undefined, true, environ) : null;
         why = verdict ? (verdict.ours ? null : verdict.why) : ownChildMarks(a, claim, live, environ);
         if (own && why === 'cgroup') execdOutside = movedOut(claim, live, environ);
+        if (own && (why === 'token' || why === 'expect') && retitled(a, claim, live, environ, !!judged)) why = null;
       }
       const step = decideConfirm({
         own,
@@ -182,6 +184,21 @@ export async function confirm(
     }
   }
   throw timeout();
+}
+
+/**
+ * Whether our own child, the target itself, runs the very binary spawned but shows a title without the marks:
+ * it exec'd the argv we gave it (clone or libuv returns the child only once exec'd, and the js wrapper shows
+ * the token until its own exec) and rewrote it before this first look, as redis-server does at once on a busy
+ * host. It is judged as it was exec'd; the title is what is recorded. A child that exec'd another program, or
+ * one inside an exec (no argv yet), is not.
+ */
+function retitled(a: Attempt, claim: Claim, live: ProcessIdentity, environ: EnvironReader, judged: boolean): boolean {
+  if (a.pidSpec !== 'child' || live.argv.length === 0 || !sameFile(live.exe, a.spawnedExe)) return false;
+  const asExecd = { ...live, argv: [a.command, ...a.argv] };
+  return judged
+    ? judge(claim, asExecd, undefined, true, environ).ours
+    : ownChildMarks(a, claim, asExecd, environ) === null;
 }
 
 /**

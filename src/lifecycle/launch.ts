@@ -248,6 +248,11 @@ export interface Attempt {
   executablePath: string | null;
   /** dev/ino of the spawned child's program (the launcher, in pidfile or function mode). */
   launcherExe?: { dev: number; ino: number } | null;
+  /**
+   * dev/ino of the binary spawned as the target itself (pid 'child'; null for a script, whose exe is its
+   * interpreter): our child running it has exec'd it, whatever title it shows by now.
+   */
+  spawnedExe?: { dev: number; ino: number } | null;
   /** The launcher's start ticks: nothing started before them is the launch's own fork. */
   launcherStartTicks?: number | null;
   paths: string[];
@@ -345,6 +350,7 @@ export function startChild(a: Attempt, spec: LaunchSpec, logs: LogFiles | null):
   // launcher's fork before exec, whatever its argv says. (Not needed when the
   // child is the target.)
   if (a.pidSpec !== 'child') [a.launcherExe, a.launcherStartTicks] = launcherProgram(child.pid, spec, env);
+  else a.spawnedExe = spawnedBinary(spec, env);
   const stderr = spec.stderr;
   if (stderr === 'pipe' && child.stderr) {
     let tail = '';
@@ -405,6 +411,16 @@ function launcherProgram(pid: number, spec: LaunchSpec, env: Env | undefined): [
   }
   if (file && !file.script) return [file.id, since];
   return [seen?.exe ?? file?.id ?? null, since];
+}
+
+/** The binary the target was spawned from, as spawn() resolved it; null for a script or a file gone since. */
+function spawnedBinary(spec: LaunchSpec, env: Env | undefined): DevIno | null {
+  try {
+    const file = spawnedFile(spec.command, env ?? process.env, spec.cwd);
+    return file.script ? null : file.id;
+  } catch {
+    return null;
+  }
 }
 
 export function spawned(a: Attempt): ProcessHandle {

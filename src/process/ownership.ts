@@ -102,7 +102,7 @@ export type Judgement =
   | { ours: true; by: 'cgroup' | 'descent' | 'session' | 'token' }
   | { ours: false; why: Rejection };
 
-const sameFile = (a: DevIno | null | undefined, b: DevIno | null | undefined) =>
+export const sameFile = (a: DevIno | null | undefined, b: DevIno | null | undefined) =>
   !!a && !!b && a.dev === b.dev && a.ino === b.ino;
 const dead = (state: string) => state === 'Z' || state === 'X';
 

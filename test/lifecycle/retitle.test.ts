@@ -38,11 +38,18 @@ const cmdline = (pid: number) => {
   }
 };
 
-/** An onEvent that holds the loop at the spawn until the child's cmdline has lost `token` (at most 5 s). */
+/**
+ * An onEvent that holds the loop at the spawn until the child's cmdline is laid out without `token` (at most
+ * 5 s). An empty one is not that: the native spawn returns as the exec begins, before the argv is laid out.
+ */
 const holdUntilRetitled = (token: () => string) => (e: CustodyEvent) => {
   if (e.type !== 'spawn') return;
   const until = Date.now() + 5000;
-  while (cmdline(e.pid).includes(token()) && Date.now() < until) Atomics.wait(pause, 0, 0, 5);
+  const laidOutWithout = () => {
+    const c = cmdline(e.pid);
+    return c !== '' && !c.includes(token());
+  };
+  while (!laidOutWithout() && Date.now() < until) Atomics.wait(pause, 0, 0, 5);
 };
 
 /** perl that takes the title `retitled MARKER` at once (the marker kept for the leak check), then sleeps. */

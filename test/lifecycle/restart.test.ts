@@ -228,8 +228,13 @@ describe(`restart policies (${backend.name})`, () => {
       delayMs: 1000,
       limit: { count: 1, withinMs: 60_000 },
     });
-    const readyOnlyFirst = () => {
-      if (p.runs().length > 1) throw new Error('run 2 is never ready');
+    // Counted by calls, not by runs(): run 2 may be checked before perl wrote its pid. It fails
+    // once counted, so the abandon cannot come before the run it ends is on record.
+    let checks = 0;
+    const readyOnlyFirst = async () => {
+      if (++checks === 1) return;
+      await waitFor(() => p.runs().length === 2, 5000, 'run 2 counted');
+      throw new Error('run 2 is never ready');
     };
     const inst = await ctx.supervisor.launch({ ...p.spec, ready: readyOnlyFirst });
     p.go();
